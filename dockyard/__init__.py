@@ -1,0 +1,3 @@
+"""dockyard: Slurm-native RL post-training for LLMs."""
+
+__version__ = "0.1.0"

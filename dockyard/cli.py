@@ -1,0 +1,129 @@
+"""Command line: `dockyard validate | list` and `dockyard-submit`.
+
+Config problems exit with status 2 and a list of what is wrong; they never print a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from dockyard import registry
+from dockyard.config import ConfigError, load_config
+
+EXIT_CONFIG = 2
+
+
+def _is_override(arg: str) -> bool:
+    return "=" in arg or arg.startswith("~")
+
+
+def _split_positionals(args: Sequence[str]) -> tuple[list[str], list[str]]:
+    paths = [a for a in args if not _is_override(a)]
+    overrides = [a for a in args if _is_override(a)]
+    return paths, overrides
+
+
+def _config_files(target: str, config_dirs: list[str]) -> list[str]:
+    """A folder validates every top-level YAML in it (group folders hold fragments, not configs)."""
+    path = Path(target)
+    if path.is_dir():
+        return sorted(str(p) for p in path.glob("*.yaml"))
+    return [target]
+
+
+def cmd_validate(ns: argparse.Namespace) -> int:
+    paths, overrides = _split_positionals(ns.args)
+    targets = ([ns.config] if ns.config else []) + paths
+    if not targets:
+        print("dockyard validate: give a config file or folder (--config FILE or a path)", file=sys.stderr)
+        return EXIT_CONFIG
+    files = [f for t in targets for f in _config_files(t, ns.config_dir)]
+    if not files:
+        print(f"dockyard validate: no .yaml files in {', '.join(targets)}", file=sys.stderr)
+        return EXIT_CONFIG
+    failed = 0
+    for file in files:
+        try:
+            loaded = load_config(file, overrides, ns.config_dir)
+        except ConfigError as err:
+            failed += 1
+            print(err.render(), file=sys.stderr)
+            continue
+        if ns.show:
+            print(f"# {loaded.source}")
+            print(loaded.to_yaml())
+        print(f"ok: {loaded.source}" if len(files) > 1 or not ns.show else f"# ok: {loaded.source}")
+    if len(files) > 1:
+        print(f"{len(files) - failed} ok, {failed} invalid")
+    return EXIT_CONFIG if failed else 0
+
+
+def cmd_list(ns: argparse.Namespace) -> int:
+    kinds = [ns.kind] if ns.kind else list(registry.KINDS)
+    for kind in kinds:
+        if kind not in registry.KINDS:
+            print(f"dockyard list: unknown kind {kind!r}; kinds: {', '.join(registry.KINDS)}", file=sys.stderr)
+            return EXIT_CONFIG
+        print(f"{kind}: {registry.KINDS[kind]}")
+        for entry in registry.entries(kind):
+            status = "" if entry.available else "  [not yet available]"
+            print(f"  {entry.name:<16} {entry.doc}{status}")
+    return 0
+
+
+def _add_config_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="config file (a path, or a name from the config family)")
+    parser.add_argument("--config-dir", action="append", default=[], metavar="DIR",
+                        help="extra folder searched for configs and groups before the shipped family (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dockyard", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    validate = sub.add_parser("validate", help="check configs and print every violation, or ok")
+    _add_config_args(validate)
+    validate.add_argument("--show", action="store_true", help="print the resolved config")
+    validate.add_argument("args", nargs="*", metavar="PATH|OVERRIDE",
+                          help="config files or folders, and Hydra overrides (a.b=v, +a.new=v, ~a.b)")
+    validate.set_defaults(func=cmd_validate)
+
+    listing = sub.add_parser("list", help="print the component catalog by kind")
+    listing.add_argument("kind", nargs="?", help="only this kind")
+    listing.set_defaults(func=cmd_list)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    return ns.func(ns)
+
+
+def submit_main(argv: Sequence[str] | None = None) -> int:
+    """dockyard-submit: validate the config as the job would see it, before anything is queued."""
+    parser = argparse.ArgumentParser(prog="dockyard-submit",
+                                     description="validate a config and submit it as one heterogeneous Slurm job")
+    _add_config_args(parser)
+    parser.add_argument("--nodes", type=int, help="nodes for the whole run (sets cluster.num_nodes)")
+    parser.add_argument("--dry-run", action="store_true", help="validate and plan only")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides")
+    ns = parser.parse_args(argv)
+    if not ns.config:
+        parser.error("--config is required")
+    overrides = list(ns.overrides) + ([f"cluster.num_nodes={ns.nodes}"] if ns.nodes is not None else [])
+    try:
+        loaded = load_config(ns.config, overrides, ns.config_dir)
+    except ConfigError as err:
+        print(err.render(), file=sys.stderr)
+        print("nothing was submitted", file=sys.stderr)
+        return EXIT_CONFIG
+    print(f"config ok: {loaded.source}")
+    print("dockyard-submit: the Slurm launcher is not in this version yet; nothing was submitted", file=sys.stderr)
+    return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Named components (see dockyard.registry); each module registers the ones it implements."""

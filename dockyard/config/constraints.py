@@ -1,0 +1,391 @@
+"""Cross-field rules: every rule that couples two or more fields lives here, with the text a user
+reads. Each rule is a function of a schema-valid MasterConfig that yields Problems; `check` runs
+them all so one `dockyard validate` shows every violation.
+
+docs/config-reference.md ("Cross-field constraints") lists these rules; tests/config/test_constraints.py
+triggers each one.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Iterator
+
+from dockyard.config import topology
+from dockyard.config.errors import Problem
+from dockyard.config.schema import MasterConfig
+
+Rule = Callable[[MasterConfig], Iterable[Problem]]
+RULES: list[Rule] = []
+
+
+def rule(fn: Rule) -> Rule:
+    RULES.append(fn)
+    return fn
+
+
+def check(cfg: MasterConfig) -> list[Problem]:
+    return [problem for each in RULES for problem in each(cfg)]
+
+
+def _devices_word(cfg: MasterConfig) -> str:
+    return "GPUs" if cfg.cluster.gpus_per_node > 0 else "ranks"
+
+
+def _mutually_divisible(a: int, b: int) -> bool:
+    return a > 0 and b > 0 and (a % b == 0 or b % a == 0)
+
+
+# --- DP and batch sizes (seed 002, 11.9) ------------------------------------------------------
+
+@rule
+def trainer_world_divides_model_parallel(cfg: MasterConfig) -> Iterator[Problem]:
+    world, mp = topology.trainer_world_size(cfg), topology.model_parallel_size(cfg)
+    if world <= 0:
+        yield Problem("cluster.trainer.num_nodes", f"the trainer gets {topology.trainer_nodes(cfg)} nodes; "
+                      "it needs at least one (check cluster.num_nodes against the rollout and teacher nodes)")
+    elif world % mp:
+        section = "policy.megatron_cfg" if cfg.policy.backend == "megatron" else "policy.dtensor_cfg"
+        yield Problem(section, f"trainer {_devices_word(cfg)} ({world}) must be divisible by TP*PP*CP ({mp})")
+
+
+@rule
+def rollouts_divide_into_mini_batches(cfg: MasterConfig) -> Iterator[Problem]:
+    b, n, m = cfg.grpo.num_prompts_per_step, cfg.grpo.num_generations_per_prompt, cfg.policy.train_global_batch_size
+    if (b * n) % m:
+        yield Problem("policy.train_global_batch_size",
+                      f"grpo.num_prompts_per_step x grpo.num_generations_per_prompt ({b} x {n} = {b * n}) "
+                      f"is not divisible by policy.train_global_batch_size ({m})")
+
+
+@rule
+def prompts_divide_over_dp_and_mini_batches(cfg: MasterConfig) -> Iterator[Problem]:
+    dp, b, n, m = (topology.dp_size(cfg), cfg.grpo.num_prompts_per_step,
+                   cfg.grpo.num_generations_per_prompt, cfg.policy.train_global_batch_size)
+    if dp == 0 or (b * n) % m:
+        return  # the two rules above already report this
+    mini = (b * n) // m
+    datasets = cfg.data.datasets
+    shares = [d.num_prompts_per_step for d in datasets]
+    if len(datasets) > 1 and any(s is not None for s in shares):
+        if any(s is None for s in shares):
+            yield Problem("data.datasets", "set num_prompts_per_step on every dataset or on none")
+            return
+        if sum(shares) != b:
+            yield Problem("data.datasets", f"the datasets' num_prompts_per_step add up to {sum(shares)}, "
+                          f"but grpo.num_prompts_per_step is {b}")
+    elif len(datasets) > 1:
+        return  # weighted mixing: the per-step split is decided at run time
+    for index, dataset in enumerate(datasets):
+        share = dataset.num_prompts_per_step or b
+        if share % (dp * mini):
+            yield Problem(f"data.datasets[{index}].num_prompts_per_step",
+                          f"data.datasets[{index}] num_prompts_per_step ({share}) is not divisible by "
+                          f"(dp_size * num_mini_batch) = ({dp} * {mini}) = {dp * mini}")
+
+
+@rule
+def micro_batches_fill_a_step(cfg: MasterConfig) -> Iterator[Problem]:
+    dp, policy = topology.dp_size(cfg), cfg.policy
+    if dp and not policy.dynamic_batching.enabled:
+        per_step = dp * policy.train_micro_batch_size
+        if policy.train_global_batch_size % per_step:
+            yield Problem("policy.train_micro_batch_size",
+                          f"policy.train_global_batch_size ({policy.train_global_batch_size}) must be divisible "
+                          f"by dp_size x train_micro_batch_size ({dp} x {policy.train_micro_batch_size} = "
+                          f"{per_step})")
+
+
+@rule
+def megatron_parallelism(cfg: MasterConfig) -> Iterator[Problem]:
+    if cfg.policy.backend != "megatron":
+        return
+    m = cfg.policy.megatron_cfg
+    if m is None:
+        yield Problem("policy.megatron_cfg", "policy.backend is megatron, so policy.megatron_cfg must be set")
+        return
+    world = topology.trainer_world_size(cfg)
+    etp = m.expert_tensor_parallel_size or m.tensor_model_parallel_size
+    expert = etp * m.expert_model_parallel_size * m.pipeline_model_parallel_size
+    if world > 0 and world % expert:
+        yield Problem("policy.megatron_cfg.expert_model_parallel_size",
+                      f"trainer {_devices_word(cfg)} ({world}) must be divisible by ETP*EP*PP ({expert})")
+    if m.virtual_pipeline_model_parallel_size is not None and m.pipeline_model_parallel_size < 2:
+        yield Problem("policy.megatron_cfg.virtual_pipeline_model_parallel_size",
+                      "virtual pipeline stages need pipeline_model_parallel_size > 1")
+
+
+@rule
+def sequence_budgets(cfg: MasterConfig) -> Iterator[Problem]:
+    policy = cfg.policy
+    total = policy.max_total_sequence_length
+    if policy.dynamic_batching.enabled and policy.dynamic_batching.max_tokens_per_gpu < total:
+        yield Problem("policy.dynamic_batching.max_tokens_per_gpu",
+                      f"{policy.dynamic_batching.max_tokens_per_gpu} is smaller than "
+                      f"policy.max_total_sequence_length ({total}): one sequence would not fit")
+    if policy.generation.max_new_tokens is not None and policy.generation.max_new_tokens >= total:
+        yield Problem("policy.generation.max_new_tokens",
+                      f"{policy.generation.max_new_tokens} leaves no room for the prompt within "
+                      f"policy.max_total_sequence_length ({total})")
+
+
+# --- placement (seed 002, 11.10) --------------------------------------------------------------
+
+@rule
+def group_placement(cfg: MasterConfig) -> Iterator[Problem]:
+    cluster = cfg.cluster
+    trainer = topology.trainer_world_size(cfg)
+    if cluster.colocate:
+        rollout = topology.rollout_devices(cfg)
+        if rollout > trainer:
+            yield Problem("cluster.rollout", f"with cluster.colocate true, rollout {_devices_word(cfg)} ({rollout}) "
+                          f"must be <= trainer {_devices_word(cfg)} ({trainer})")
+        teacher = topology.teacher_devices(cfg)
+        if teacher > trainer:
+            yield Problem("cluster.teacher", f"with cluster.colocate true, teacher {_devices_word(cfg)} ({teacher}) "
+                          f"must be <= trainer {_devices_word(cfg)} ({trainer})")
+        return
+    if cluster.rollout.num_nodes < 1:
+        yield Problem("cluster.rollout.num_nodes", "with cluster.colocate false the rollout group needs at least one node")
+    used = topology.trainer_nodes(cfg) + cluster.rollout.num_nodes + cluster.teacher.num_nodes
+    if cluster.trainer.num_nodes is not None and used != cluster.num_nodes:
+        yield Problem("cluster.num_nodes", f"trainer + rollout + teacher nodes ({cluster.trainer.num_nodes} + "
+                      f"{cluster.rollout.num_nodes} + {cluster.teacher.num_nodes} = {used}) must equal "
+                      f"cluster.num_nodes ({cluster.num_nodes})")
+
+
+@rule
+def rollout_replicas(cfg: MasterConfig) -> Iterator[Problem]:
+    devices, per_replica = topology.rollout_devices(cfg), cfg.cluster.rollout_gpus_per_replica
+    if cfg.cluster.gpus_per_node > 0 and devices and devices % per_replica:
+        yield Problem("cluster.rollout_gpus_per_replica",
+                      f"rollout GPUs ({devices}) are not divisible by GPUs per replica ({per_replica})")
+
+
+@rule
+def teachers_only_with_distillation(cfg: MasterConfig) -> Iterator[Problem]:
+    opd = cfg.grpo.adv_estimator.name == "opd"
+    if not opd and cfg.cluster.teacher.num_nodes > 0:
+        yield Problem("cluster.teacher.num_nodes", f"{cfg.cluster.teacher.num_nodes} teacher nodes are requested "
+                      "but grpo.adv_estimator.name is not opd, so they would sit idle")
+    if not opd and cfg.on_policy_distillation is not None:
+        yield Problem("on_policy_distillation", "teachers are configured but grpo.adv_estimator.name is "
+                      f"{cfg.grpo.adv_estimator.name!r}; set it to 'opd' or remove the section")
+
+
+# --- on-policy distillation (seed 000, seed 002 8 and 11.11) -----------------------------------
+
+@rule
+def distillation(cfg: MasterConfig) -> Iterator[Problem]:
+    if cfg.grpo.adv_estimator.name != "opd":
+        return
+    opd = cfg.on_policy_distillation
+    if opd is None:
+        yield Problem("on_policy_distillation", "grpo.adv_estimator.name is opd, so on_policy_distillation "
+                      "(its teachers) must be set")
+        return
+    if not cfg.grpo.async_grpo.enabled:
+        yield Problem("grpo.async_grpo.enabled", "OPD collects teacher scores on the async path; it must be true")
+    if cfg.data_plane is not None:
+        yield Problem("data_plane", "OPD does not run over a data plane; remove data_plane (use the in-memory path)")
+    if cfg.grpo.skip_prev_logprobs:
+        yield Problem("grpo.skip_prev_logprobs", "the OPD advantage subtracts prev_logprobs; skipping them "
+                      "zeroes them, which is refused")
+    if opd.pg_ratio <= 0 and opd.gkd_ratio <= 0:
+        yield Problem("on_policy_distillation.pg_ratio", "at least one of pg_ratio / gkd_ratio must be > 0")
+    if opd.pg_ratio > 0 and opd.gkd_ratio == 1:
+        yield Problem("on_policy_distillation.gkd_ratio", "gkd_ratio 1 leaves no policy-gradient branch, so "
+                      "pg_ratio must be 0")
+    names = [t.name for t in opd.teachers]
+    for duplicate in sorted({n for n in names if names.count(n) > 1}):
+        yield Problem("on_policy_distillation.teachers", f"teacher name {duplicate!r} is used twice")
+    for agent, teacher in opd.teacher_model_by_agent_name.items():
+        if teacher not in names:
+            yield Problem(f"on_policy_distillation.teacher_model_by_agent_name.{agent}",
+                          f"{teacher!r} is not a teacher; teachers: {', '.join(names)}")
+    if opd.default_teacher is not None and opd.default_teacher not in names:
+        yield Problem("on_policy_distillation.default_teacher",
+                      f"{opd.default_teacher!r} is not a teacher; teachers: {', '.join(names)}")
+    for index, dataset in enumerate(cfg.data.datasets):
+        if dataset.teacher_name and dataset.teacher_name not in names:
+            yield Problem(f"data.datasets[{index}].teacher_name",
+                          f"{dataset.teacher_name!r} is not a teacher; teachers: {', '.join(names)}")
+    teacher_devices = topology.teacher_devices(cfg)
+    p = opd.parallelism
+    mp = p.tensor_parallel_size * p.pipeline_parallel_size * p.context_parallel_size
+    if teacher_devices <= 0:
+        yield Problem("cluster.teacher", "OPD needs teacher devices: cluster.teacher.num_nodes x gpus_per_node "
+                      "must be > 0")
+        return
+    if teacher_devices % mp:
+        yield Problem("on_policy_distillation.parallelism",
+                      f"teacher {_devices_word(cfg)} ({teacher_devices}) must be divisible by teacher TP*PP*CP ({mp})")
+        return
+    teacher_dp = teacher_devices // mp
+    if not _mutually_divisible(teacher_dp, len(names)):
+        yield Problem("on_policy_distillation.teachers",
+                      f"teacher_dp ({teacher_dp}) and the number of teachers ({len(names)}) must divide one another")
+    train_dp = topology.dp_size(cfg)
+    if train_dp and not _mutually_divisible(teacher_dp, train_dp):
+        yield Problem("on_policy_distillation.parallelism",
+                      f"teacher_dp ({teacher_dp}) and trainer dp_size ({train_dp}) must divide one another")
+
+
+# --- async GRPO (seed 000; seed 002 2 and 11.3) -----------------------------------------------
+
+@rule
+def async_grpo(cfg: MasterConfig) -> Iterator[Problem]:
+    grpo = cfg.grpo
+    if not grpo.async_grpo.enabled:
+        return
+    why = "async GRPO (grpo.async_grpo.enabled) "
+    if cfg.cluster.colocate:
+        yield Problem("cluster.colocate", why + "runs rollout and training on disjoint resources; set it to false")
+    if grpo.run_mode != "default":
+        yield Problem("grpo.run_mode", why + f"only supports run_mode default, not {grpo.run_mode!r}")
+    if grpo.sampler.num_oversample:
+        yield Problem("grpo.sampler.num_oversample", why + "needs 0; extra capacity comes from "
+                      "grpo.async_grpo.max_staleness_steps")
+    if grpo.sampler.dynamic_sampling:
+        yield Problem("grpo.sampler.dynamic_sampling", why + "does not support dynamic sampling")
+    if grpo.reward_scaling.enabled:
+        yield Problem("grpo.reward_scaling.enabled", why + "does not support reward scaling")
+    if grpo.reward_shaping.enabled:
+        yield Problem("grpo.reward_shaping.enabled", why + "does not support reward shaping")
+    if len(cfg.data.datasets) > 1:
+        yield Problem("data.datasets", why + f"supports one dataset (one dataloader), got {len(cfg.data.datasets)}")
+    if not cfg.loss_fn.is_correction.enabled:
+        yield Problem("loss_fn.is_correction.enabled", why + "samples with stale weights, so importance-sampling "
+                      "correction is mandatory; set it to true (with lower_bound / upper_bound)")
+
+
+@rule
+def partial_rollout(cfg: MasterConfig) -> Iterator[Problem]:
+    a = cfg.grpo.async_grpo
+    if a.mask_offpolicy_in_partial_rollout and not a.partial_rollout:
+        yield Problem("grpo.async_grpo.mask_offpolicy_in_partial_rollout",
+                      "only meaningful with grpo.async_grpo.partial_rollout true (no resumed trajectories otherwise)")
+
+
+# --- off-policy safeguards and the reference model (seed 002, 9 and 11.1-11.2) -----------------
+
+@rule
+def rollout_logprobs_exclusive(cfg: MasterConfig) -> Iterator[Problem]:
+    loss = cfg.loss_fn
+    if loss.use_rollout_logprobs and loss.is_correction.enabled:
+        yield Problem("loss_fn.is_correction.enabled", "cannot be combined with loss_fn.use_rollout_logprobs "
+                      "(the correction compares trainer logprobs with the rollout's)")
+    if loss.use_rollout_logprobs and loss.m2po.enabled:
+        yield Problem("loss_fn.m2po.enabled", "cannot be combined with loss_fn.use_rollout_logprobs "
+                      "(M2PO compares trainer logprobs with the rollout's)")
+
+
+@rule
+def is_correction_bounds(cfg: MasterConfig) -> Iterator[Problem]:
+    isc = cfg.loss_fn.is_correction
+    if not isc.enabled:
+        return
+    for bound in ("lower_bound", "upper_bound"):
+        if getattr(isc, bound) is None:
+            yield Problem(f"loss_fn.is_correction.{bound}", "required when is_correction is enabled "
+                          "(suggested 0.5 / 2.0 at token level, 0.9999 / 1.0001 geometric)")
+    if isc.lower_bound is not None and isc.upper_bound is not None:
+        if not isc.lower_bound <= 1 <= isc.upper_bound or isc.lower_bound >= isc.upper_bound:
+            yield Problem("loss_fn.is_correction", f"bounds [{isc.lower_bound}, {isc.upper_bound}] must satisfy "
+                          "lower_bound <= 1 <= upper_bound with lower_bound < upper_bound")
+
+
+@rule
+def reference_model(cfg: MasterConfig) -> Iterator[Problem]:
+    loss = cfg.loss_fn
+    ref = loss.reference_model
+    kl_on = loss.reference_policy_kl_penalty > 0
+    if kl_on and not (ref.hf_path or ref.checkpoint_path):
+        yield Problem("loss_fn.reference_model", "loss_fn.reference_policy_kl_penalty > 0 needs a reference: "
+                      "set reference_model.hf_path or reference_model.checkpoint_path")
+    if ref.update_interval > 0 and not kl_on:
+        yield Problem("loss_fn.reference_model.update_interval",
+                      "a moving reference needs loss_fn.reference_policy_kl_penalty > 0")
+    if loss.kl_in_reward and not kl_on:
+        yield Problem("loss_fn.kl_in_reward", "needs loss_fn.reference_policy_kl_penalty > 0")
+    if loss.ratio_clip_c is not None and loss.name != "clipped_pg":
+        yield Problem("loss_fn.ratio_clip_c", f"dual clip applies to loss clipped_pg only, not {loss.name!r}")
+
+
+# --- precision (seed 002, 11.7) ---------------------------------------------------------------
+
+@rule
+def precision(cfg: MasterConfig) -> Iterator[Problem]:
+    policy = cfg.policy
+    m = policy.megatron_cfg
+    if m is not None:
+        if m.bf16 and m.fp16:
+            yield Problem("policy.megatron_cfg", "bf16 and fp16 are mutually exclusive; pick one")
+        elif (m.bf16 or m.fp16) and policy.precision != ("bf16" if m.bf16 else "fp16"):
+            chosen = "bf16" if m.bf16 else "fp16"
+            yield Problem("policy.megatron_cfg", f"{chosen} is on but policy.precision is {policy.precision!r}; "
+                          "make them agree")
+        if m.fp8 is not None and not (m.bf16 or m.fp16):
+            yield Problem("policy.megatron_cfg.fp8", "FP8 needs bf16 or fp16 as the primary precision")
+        if m.fp8_param and m.fp8 is None:
+            yield Problem("policy.megatron_cfg.fp8_param", "fp8_param needs an fp8 recipe")
+    if policy.generation.vllm_cfg.precision == "fp8" and policy.generation.backend == "vllm":
+        if cfg.cluster.gpus_per_node == 0:
+            yield Problem("policy.generation.vllm_cfg.precision", "fp8 serving needs GPUs (cluster.gpus_per_node > 0)")
+        if policy.precision == "fp32":
+            yield Problem("policy.generation.vllm_cfg.precision", "fp8 serving quantises bf16/fp16 training "
+                          "weights; policy.precision is fp32")
+
+
+# --- generation inputs (seed 000) ---------------------------------------------------------------
+
+@rule
+def multimodal_inputs(cfg: MasterConfig) -> Iterator[Problem]:
+    gen = cfg.policy.generation
+    if gen.allow_multimodal_inputs and gen.backend == "sglang":
+        yield Problem("policy.generation.allow_multimodal_inputs", "the sglang backend does not forward images "
+                      "yet; use backend vllm or turn image inputs off")
+
+
+@rule
+def multi_turn_needs_agent(cfg: MasterConfig) -> Iterator[Problem]:
+    if cfg.grpo.max_rollout_turns > 1 and cfg.env.agent is None:
+        yield Problem("env.agent", f"grpo.max_rollout_turns is {cfg.grpo.max_rollout_turns}; multi-turn "
+                      "rollouts need an agent (see `dockyard list`)")
+
+
+@rule
+def reward_scaling_range(cfg: MasterConfig) -> Iterator[Problem]:
+    scaling = cfg.grpo.reward_scaling
+    if scaling.enabled and scaling.source_max <= scaling.source_min:
+        yield Problem("grpo.reward_scaling.source_max",
+                      f"{scaling.source_max} must be > source_min ({scaling.source_min})")
+
+
+# --- saving and evaluation (seed 002, 11.6 and 11.8) --------------------------------------------
+
+@rule
+def saving(cfg: MasterConfig) -> Iterator[Problem]:
+    ckpt = cfg.checkpointing
+    if ckpt.enabled and not (ckpt.save_state or ckpt.export_hf):
+        yield Problem("checkpointing.save_state", "checkpointing is enabled but save_state and export_hf are "
+                      "both false, so nothing would be written; set one (or enabled: false)")
+    if ckpt.keep_top_k is not None and not ckpt.metric_name:
+        yield Problem("checkpointing.metric_name", "keep_top_k ranks checkpoints by a metric; set metric_name")
+
+
+@rule
+def evaluation(cfg: MasterConfig) -> Iterator[Problem]:
+    if cfg.data.validation is not None:
+        return
+    if cfg.grpo.val_period > 0:
+        yield Problem("grpo.val_period", f"validation every {cfg.grpo.val_period} steps needs data.validation")
+    if cfg.grpo.val_at_start:
+        yield Problem("grpo.val_at_start", "validation at start needs data.validation")
+    if cfg.sft is not None and cfg.sft.val_period > 0:
+        yield Problem("sft.val_period", f"validation every {cfg.sft.val_period} steps needs data.validation")
+
+
+@rule
+def tracking(cfg: MasterConfig) -> Iterator[Problem]:
+    if cfg.logger.mlflow_enabled and not cfg.logger.mlflow.tracking_uri:
+        yield Problem("logger.mlflow.tracking_uri", "required when logger.mlflow_enabled is true")

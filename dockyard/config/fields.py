@@ -1,0 +1,49 @@
+"""Building blocks shared by the schema sections: the base model, documented fields, and the
+type of a field that names a registered component."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from dockyard import registry
+
+
+class Section(BaseModel):
+    """A config section with a fixed set of keys: a misspelt key is an error, not ignored."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class OpenSection(BaseModel):
+    """A section that also carries keys beyond the documented ones (forwarded to a subsystem)."""
+
+    model_config = ConfigDict(extra="allow", validate_default=True)
+
+
+def field(default: Any = ..., doc: str = "", rule: str = "", **kwargs: Any) -> Any:
+    """A documented field. `rule` is the constraint text shown in docs/config-reference.md."""
+    extra = {"rule": rule} if rule else None
+    if isinstance(default, type) and issubclass(default, BaseModel):
+        return Field(default_factory=default, description=doc, json_schema_extra=extra, **kwargs)
+    return Field(default, description=doc, json_schema_extra=extra, **kwargs)
+
+
+@dataclass(frozen=True)
+class ComponentKind:
+    """Marks a str field as the name of a registered component of `kind`."""
+
+    kind: str
+
+    def check(self, value: str | None) -> str | None:
+        if value is not None and value not in registry.names(self.kind):
+            valid = ", ".join(registry.names(self.kind))
+            raise ValueError(f"unknown {self.kind} {value!r}; registered names: {valid}")
+        return value
+
+
+def component(kind: str) -> Any:
+    marker = ComponentKind(kind)
+    return Annotated[str, marker, AfterValidator(marker.check)]

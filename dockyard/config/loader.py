@@ -1,0 +1,313 @@
+"""YAML -> OmegaConf -> CLI overrides -> resolve ${...} -> pydantic MasterConfig -> constraints.
+
+`load_config` is the only way a config enters dockyard; every entry point (run, submit, validate,
+the jobs inside an allocation) goes through it, so a config that passes here passes everywhere.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import sys
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
+from pydantic import BaseModel, ValidationError
+
+from dockyard import registry
+from dockyard.config import constraints
+from dockyard.config.compose import compose, find_config, groups, search_path
+from dockyard.config.errors import ConfigError, Problem
+from dockyard.config.resolvers import register_omegaconf_resolvers
+from dockyard.config.schema import MasterConfig
+
+
+@dataclass
+class LoadedConfig:
+    config: MasterConfig
+    source: Path
+    resolved: dict[str, Any]
+
+    def to_yaml(self) -> str:
+        """The validated config in schema order, defaults filled in."""
+        return OmegaConf.to_yaml(OmegaConf.create(self.config.model_dump(mode="json")))
+
+
+def load_config(config: str | Path, overrides: Sequence[str] = (),
+                config_dirs: Sequence[str | Path] = ()) -> LoadedConfig:
+    """Load, override, resolve and validate one config; raise ConfigError listing every problem."""
+    register_omegaconf_resolvers()
+    dirs = search_path(list(config_dirs))
+    source = find_config(config, dirs)
+    parsed = _parse_overrides(overrides, source)
+    group_choices, value_overrides = _split_group_choices(parsed, groups(dirs))
+    tree = compose(source, dirs, group_choices)
+    _fill_schema_defaults(tree)
+    _apply_overrides(tree, value_overrides, source)
+    container = _resolve(tree, source)
+    _import_user_modules(container, source)
+    master = _validate(container, source)
+    problems = constraints.check(master)
+    if problems:
+        raise ConfigError(problems, source)
+    return LoadedConfig(master, source, container)
+
+
+# --- overrides -------------------------------------------------------------------------------
+
+def _parse_overrides(overrides: Sequence[str], source: Path) -> list:
+    parser = OverridesParser.create()
+    parsed, problems = [], []
+    for text in overrides:
+        try:
+            override = parser.parse_override(text)
+        except HydraException as err:
+            problems.append(Problem(f"override {text!r}", f"cannot parse: {err}"))
+            continue
+        if override.is_sweep_override():
+            problems.append(Problem(f"override {text!r}", "sweeps (a=1,2) are not supported; give one value "
+                                    "(quote a string that contains commas)"))
+        elif override.package is not None:
+            problems.append(Problem(f"override {text!r}", "package overrides (key@pkg=v) are not supported"))
+        else:
+            parsed.append(override)
+    if problems:
+        raise ConfigError(problems, source)
+    return parsed
+
+
+def _split_group_choices(parsed: list, group_names: set[str]) -> tuple[dict[str, Any], list]:
+    """`generation=sglang` picks an option of a config group; everything else sets a value."""
+    choices, values = {}, []
+    for override in parsed:
+        key = override.key_or_group
+        if (override.type.name == "CHANGE" and "." not in key and key in group_names
+                and key not in MasterConfig.model_fields):
+            choices[key] = override.value()
+        else:
+            values.append(override)
+    return choices, values
+
+
+def _node(tree: DictConfig, key: str):
+    node: Any = tree
+    for part in key.split("."):
+        if isinstance(node, DictConfig):
+            node = node._get_node(part)
+        elif isinstance(node, ListConfig) and part.isdigit() and int(part) < len(node):
+            node = node._get_node(int(part))
+        else:
+            return None
+        if node is None:
+            return None
+    return node
+
+
+def _suggest(tree: DictConfig, key: str) -> str:
+    parent_key, _, leaf = key.rpartition(".")
+    parent = _node(tree, parent_key) if parent_key else tree
+    if isinstance(parent, DictConfig):
+        close = difflib.get_close_matches(leaf, [str(k) for k in parent.keys()], n=1)
+        if close:
+            return f" (did you mean '{parent_key + '.' if parent_key else ''}{close[0]}'?)"
+    return ""
+
+
+def _apply_overrides(tree: DictConfig, parsed: list, source: Path) -> None:
+    problems = []
+    OmegaConf.set_struct(tree, True)
+    for override in parsed:
+        key, text = override.key_or_group, override.input_line
+        exists = _node(tree, key) is not None
+        try:
+            if override.is_delete():
+                if not exists:
+                    problems.append(Problem(key, f"cannot delete ('{text}'): the key is not in the config"))
+                    continue
+                parent_key, _, leaf = key.rpartition(".")
+                parent = _node(tree, parent_key) if parent_key else tree
+                with open_dict(parent):
+                    del parent[int(leaf) if isinstance(parent, ListConfig) else leaf]
+            elif override.is_add():
+                if exists:
+                    problems.append(Problem(key, f"'{text}' adds a key that already exists; "
+                                            f"set it with '{text[1:]}' (or force with '+{text}')"))
+                    continue
+                with open_dict(tree):
+                    OmegaConf.update(tree, key, override.value(), merge=True, force_add=True)
+            elif override.is_force_add():
+                with open_dict(tree):
+                    OmegaConf.update(tree, key, override.value(), merge=True, force_add=True)
+            else:
+                if not exists:
+                    problems.append(Problem(key, f"'{text}' sets a key that is not in the config"
+                                            f"{_suggest(tree, key)}; to add a new key use '+{text}'"))
+                    continue
+                OmegaConf.update(tree, key, override.value(), merge=True)
+        except (OmegaConfBaseException, HydraException, ValueError) as err:
+            problems.append(Problem(key, f"cannot apply '{text}': {err}"))
+    OmegaConf.set_struct(tree, False)
+    if problems:
+        raise ConfigError(problems, source)
+
+
+# --- schema defaults -------------------------------------------------------------------------
+
+def _model_of(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
+    """The pydantic model a field holds (directly, Optional, or as list elements) and whether it is a list."""
+    origin = typing.get_origin(annotation)
+    if origin is list:
+        (inner,) = typing.get_args(annotation) or (None,)
+        model, _ = _model_of(inner)
+        return model, True
+    if origin is typing.Union or str(origin) == "types.UnionType":
+        for arg in typing.get_args(annotation):
+            model, is_list = _model_of(arg)
+            if model is not None:
+                return model, is_list
+        return None, False
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation, False
+    return None, False
+
+
+def _defaults_into(model: type[BaseModel], node: DictConfig) -> None:
+    """Give `node` every key of `model` it lacks (required ones as ???), so overrides can set
+    schema fields the YAML omitted without '+', and --show prints the whole config."""
+    for name, info in model.model_fields.items():
+        child = node._get_node(name)
+        sub, is_list = _model_of(info.annotation)
+        if child is None:
+            if info.is_required():
+                node[name] = "???"
+            elif sub is not None and not is_list and info.default_factory is not None:
+                node[name] = {}
+                _defaults_into(sub, node[name])
+            else:
+                node[name] = info.get_default(call_default_factory=True)
+        elif sub is not None and not child._is_interpolation() and not child._is_missing():
+            if is_list and isinstance(child, ListConfig):
+                for item in child:
+                    if isinstance(item, DictConfig):
+                        _defaults_into(sub, item)
+            elif isinstance(child, DictConfig):
+                _defaults_into(sub, child)
+
+
+def _fill_schema_defaults(tree: DictConfig) -> None:
+    for name, info in MasterConfig.model_fields.items():
+        child = tree._get_node(name)
+        sub, _ = _model_of(info.annotation)
+        if sub is not None and isinstance(child, DictConfig) and not child._is_interpolation():
+            _defaults_into(sub, child)
+
+
+# --- resolution ------------------------------------------------------------------------------
+
+def _walk_interpolations(node, path: str, problems: list[Problem]) -> None:
+    keys = node.keys() if isinstance(node, DictConfig) else range(len(node))
+    for key in keys:
+        child = node._get_node(key)
+        where = f"{path}.{key}" if path and isinstance(node, DictConfig) else (f"{path}[{key}]" if path else str(key))
+        if child is None:
+            continue
+        if child._is_interpolation():
+            try:
+                node[key]
+            except OmegaConfBaseException as err:
+                text = child._value()
+                reason = str(err).split("\n")[0]
+                problems.append(Problem(where, f"cannot resolve {text!r}: {reason}"))
+        elif isinstance(child, (DictConfig, ListConfig)) and not child._is_missing() and child._value() is not None:
+            _walk_interpolations(child, where, problems)
+
+
+def _resolve(tree: DictConfig, source: Path) -> dict[str, Any]:
+    missing = sorted(OmegaConf.missing_keys(tree))
+    if missing:
+        raise ConfigError([Problem(key, "missing value (???): set it in the config or with "
+                                   f"'{key}=<value>'") for key in missing], source)
+    problems: list[Problem] = []
+    _walk_interpolations(tree, "", problems)
+    if problems:
+        raise ConfigError(problems, source)
+    return OmegaConf.to_container(tree, resolve=True)
+
+
+def _import_user_modules(container: dict[str, Any], source: Path) -> None:
+    modules = container.get("imports") or []
+    if not isinstance(modules, list):
+        raise ConfigError([Problem("imports", f"must be a list of module names, got {modules!r}")], source)
+    registry.load_builtins()
+    problems = []
+    for index, module in enumerate(modules):
+        # User component modules usually live next to the config or in the working folder.
+        for folder in (str(source.parent.resolve()), str(Path.cwd())):
+            if folder not in sys.path:
+                sys.path.append(folder)
+        try:
+            importlib.import_module(str(module))
+        except Exception as err:
+            problems.append(Problem(f"imports[{index}]", f"cannot import module {module!r}: "
+                                    f"{type(err).__name__}: {err}"))
+    if problems:
+        raise ConfigError(problems, source)
+
+
+# --- pydantic --------------------------------------------------------------------------------
+
+def _dotted(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif "[" in str(part) or str(part).startswith("function-"):
+            continue  # pydantic's union / validator markers are not config keys
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _keys_at(container: Any, loc: tuple) -> list[str]:
+    node = container
+    for part in loc:
+        try:
+            node = node[part]
+        except (KeyError, IndexError, TypeError):
+            return []
+    return [str(k) for k in node] if isinstance(node, dict) else []
+
+
+def _schema_problem(error: dict, container: dict) -> Problem:
+    loc = tuple(p for p in error["loc"] if isinstance(p, int) or not ("[" in p or p.startswith("function-")))
+    path = _dotted(loc)
+    kind = error["type"]
+    if kind == "missing":
+        what = "required section is missing" if len(loc) == 1 else "required value is missing"
+        return Problem(path, what)
+    if kind == "extra_forbidden":
+        parent = loc[:-1]
+        siblings = [k for k in _keys_at(container, parent) if k != loc[-1]]
+        close = difflib.get_close_matches(str(loc[-1]), siblings, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        return Problem(path, f"unknown key{hint}; see docs/config-reference.md for the keys of "
+                       f"'{_dotted(parent) or 'the top level'}'")
+    message = error["msg"]
+    if message.startswith("Value error, "):
+        message = message[len("Value error, "):]
+    if "input" in error and kind not in ("model_type", "dict_type"):
+        message += f" (got {error['input']!r})"
+    return Problem(path, message)
+
+
+def _validate(container: dict[str, Any], source: Path) -> MasterConfig:
+    try:
+        return MasterConfig.model_validate(container)
+    except ValidationError as err:
+        raise ConfigError([_schema_problem(e, container) for e in err.errors()], source) from None

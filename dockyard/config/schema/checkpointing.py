@@ -1,0 +1,28 @@
+"""`checkpointing`: save cadence, retention and resume."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from pydantic import NonNegativeInt
+
+from dockyard.config.fields import Section, field
+
+
+class CheckpointingConfig(Section):
+    enabled: bool = field(True, "Save checkpoints.")
+    checkpoint_dir: str = field(..., "Base folder of step_<N> checkpoints and "
+                                "latest_checkpointed_iteration.txt; also where resume looks.")
+    save_period: int = field(10, "Save every N steps; <= 0 saves only at the end and on preemption.")
+    keep_top_k: Optional[NonNegativeInt] = field(None, "Keep the k best checkpoints by metric_name; "
+                                                 "null keeps all.", "Needs metric_name.")
+    keep_last: NonNegativeInt = field(2, "Always keep the most recent N checkpoints (resume points).")
+    metric_name: Optional[str] = field(None, "Metric ranking checkpoints for keep_top_k (e.g. val_reward).")
+    higher_is_better: bool = field(True, "Direction of metric_name.")
+    save_state: bool = field(True, "Write the full training state (torch.distributed.checkpoint: weights, "
+                             "optimizer, scheduler, data position, RNG).",
+                             "With enabled, at least one of save_state / export_hf must be true.")
+    save_optimizer: bool = field(True, "Include optimizer state (needed for exact resume).")
+    export_hf: bool = field(False, "Also write HF safetensors weights to step_<N>/hf.")
+    resume_from: Optional[str] = field("auto", "auto resumes from the latest complete checkpoint in "
+                                       "checkpoint_dir; a path resumes from that checkpoint; null starts fresh.")

@@ -1,0 +1,38 @@
+"""`env`: the environment that steps and scores trajectories, its agent, reward and sandbox."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from pydantic import PositiveInt
+
+from dockyard.config.fields import OpenSection, Section, component, field
+
+
+class RewardSpec(OpenSection):
+    """Extra keys are passed to the reward's constructor."""
+
+    name: component("reward") = field(..., "Reward function (see `dockyard list`).")
+
+
+class SandboxConfig(OpenSection):
+    """Extra keys are passed to the sandbox backend."""
+
+    type: component("sandbox") = field("bubblewrap", "Sandbox backend (see `dockyard list`).")
+    image: Optional[str] = field(None, "Container image (podman / apptainer / enroot).")
+    working_dir: str = field("/rl-sandbox", "Working directory inside the sandbox.")
+    command_exec_timeout_s: float = field(600.0, "Timeout of one command inside the sandbox.", gt=0)
+    creation_timeout_s: float = field(600.0, "Timeout to create one sandbox.", gt=0)
+    max_concurrent: PositiveInt = field(32, "Sandboxes alive at once per rollout node.")
+
+
+class EnvConfig(OpenSection):
+    """Per-environment settings beyond these keys are passed to the environment."""
+
+    name: component("environment") = field(..., "Environment (see `dockyard list`).")
+    agent: Optional[component("agent")] = field(None, "Multi-turn agent; null means single-turn.")
+    reward: Optional[RewardSpec] = field(None, "Reward override; null uses the environment's own scorer.")
+    sandbox: Optional[SandboxConfig] = field(None, "Tool-execution sandbox; null for tool-free environments.")
+    num_workers: PositiveInt = field(4, "Parallel scoring workers.")
+    task_timeout_s: float = field(1800.0, "Longest one trajectory may take in the environment.", gt=0)
+    dump_trajectory_path: Optional[str] = field(None, "Write every trajectory here for replay and analysis.")

@@ -1,0 +1,38 @@
+"""`logger`: metric backends, GPU monitoring and sample printing."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import NonNegativeInt
+
+from dockyard.config.fields import Section, field
+
+
+class WandbConfig(Section):
+    project: str = field("dockyard", "W&B project.")
+    name: Optional[str] = field(None, "Run name; null derives it from the config.")
+
+
+class MlflowConfig(Section):
+    tracking_uri: str = field("", "MLflow server URI.", "Required when mlflow_enabled.")
+    experiment_name: str = field("dockyard", "MLflow experiment.")
+
+
+class SwanlabConfig(Section):
+    project: str = field("dockyard", "SwanLab project.")
+
+
+class LoggerConfig(Section):
+    log_dir: str = field(..., "Folder for TensorBoard events, per-step JSON metrics and component logs.")
+    tensorboard_enabled: bool = field(True, "Write TensorBoard scalars.")
+    wandb_enabled: bool = field(False, "Log to Weights & Biases.")
+    mlflow_enabled: bool = field(False, "Log to MLflow.")
+    swanlab_enabled: bool = field(False, "Log to SwanLab.")
+    wandb: WandbConfig = field(WandbConfig, "W&B settings.")
+    mlflow: MlflowConfig = field(MlflowConfig, "MLflow settings.")
+    swanlab: SwanlabConfig = field(SwanlabConfig, "SwanLab settings.")
+    monitor_gpus: bool = field(True, "Sample GPU utilisation and memory (nvidia-ml-py) when GPUs exist.")
+    gpu_monitoring_interval_s: float = field(10.0, "GPU sampling interval.", gt=0)
+    num_samples_to_print: NonNegativeInt = field(0, "Trajectories printed to the console per step.")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = field("INFO", "Console log level.")

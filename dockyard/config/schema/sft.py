@@ -1,0 +1,24 @@
+"""`sft` (supervised fine-tuning) and `data_plane` (external experience transfer)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from pydantic import NonNegativeInt, PositiveInt
+
+from dockyard.config.fields import OpenSection, Section, field
+
+
+class SFTConfig(Section):
+    max_num_steps: PositiveInt = field(..., "Optimizer steps.")
+    max_num_epochs: PositiveInt = field(1, "Passes over the data.")
+    val_period: NonNegativeInt = field(0, "Validate every N steps; 0 disables it.", "> 0 needs data.validation.")
+    loss_on_prompt: bool = field(False, "Also train on prompt tokens (otherwise loss_mask 0 there).")
+
+
+class DataPlaneConfig(OpenSection):
+    """Extra keys are passed to the plane's client."""
+
+    address: str = field(..., "host:port of the experience-transfer service.")
+    buffer_size: PositiveInt = field(1024, "Trajectories buffered before back-pressure.")
+    timeout_s: Optional[float] = field(600.0, "Wait for a batch of trajectories.", gt=0)

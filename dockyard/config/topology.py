@@ -1,0 +1,66 @@
+"""Quantities derived from `cluster` and the parallelism settings, shared by the constraints and
+the launcher so both count devices the same way."""
+
+from __future__ import annotations
+
+from dockyard.config.schema import MasterConfig
+
+
+def devices_per_node(cfg: MasterConfig, group_gpus: int | None) -> int:
+    """GPUs per node of a group; on CPU (0 GPUs) the trainer's rank count stands in."""
+    gpus = cfg.cluster.gpus_per_node if group_gpus is None else group_gpus
+    return gpus if gpus > 0 else cfg.cluster.cpu_ranks_per_node
+
+
+def trainer_nodes(cfg: MasterConfig) -> int:
+    cluster = cfg.cluster
+    if cluster.trainer.num_nodes is not None:
+        return cluster.trainer.num_nodes
+    if cluster.colocate:
+        return cluster.num_nodes
+    return cluster.num_nodes - cluster.rollout.num_nodes - cluster.teacher.num_nodes
+
+
+def trainer_world_size(cfg: MasterConfig) -> int:
+    return trainer_nodes(cfg) * devices_per_node(cfg, cfg.cluster.trainer.gpus_per_node)
+
+
+def rollout_devices(cfg: MasterConfig) -> int:
+    """With colocate and no rollout nodes of its own, rollout time-shares every trainer device."""
+    rollout = cfg.cluster.rollout
+    if cfg.cluster.colocate and rollout.num_nodes == 0:
+        return trainer_world_size(cfg)
+    return rollout.num_nodes * devices_per_node(cfg, rollout.gpus_per_node)
+
+
+def teacher_devices(cfg: MasterConfig) -> int:
+    teacher = cfg.cluster.teacher
+    if cfg.cluster.colocate and teacher.num_nodes == 0 and cfg.on_policy_distillation is not None:
+        return trainer_world_size(cfg)
+    return teacher.num_nodes * devices_per_node(cfg, teacher.gpus_per_node)
+
+
+def model_parallel(cfg: MasterConfig) -> dict[str, int]:
+    """TP, PP and CP of the trainer backend in use."""
+    if cfg.policy.backend == "megatron" and cfg.policy.megatron_cfg is not None:
+        m = cfg.policy.megatron_cfg
+        return {"TP": m.tensor_model_parallel_size, "PP": m.pipeline_model_parallel_size,
+                "CP": m.context_parallel_size}
+    d = cfg.policy.dtensor_cfg
+    return {"TP": d.tensor_parallel_size, "PP": 1, "CP": d.context_parallel_size}
+
+
+def model_parallel_size(cfg: MasterConfig) -> int:
+    sizes = model_parallel(cfg)
+    return sizes["TP"] * sizes["PP"] * sizes["CP"]
+
+
+def dp_size(cfg: MasterConfig) -> int:
+    """Data-parallel size; 0 when the world size does not divide (a constraint reports that)."""
+    world, mp = trainer_world_size(cfg), model_parallel_size(cfg)
+    return world // mp if world > 0 and world % mp == 0 else 0
+
+
+def num_mini_batches(cfg: MasterConfig) -> int:
+    rollouts = cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt
+    return rollouts // cfg.policy.train_global_batch_size
