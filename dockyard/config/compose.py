@@ -59,7 +59,9 @@ def load_yaml(path: Path) -> DictConfig:
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        what = " ".join(part for part in (err.context, err.problem) if part)
+        what = err.problem or "invalid YAML"
+        if err.context and err.context_mark is not None:
+            what += f" ({err.context} that starts at line {err.context_mark.line + 1})"
         raise ConfigError([Problem("", f"YAML syntax error at {where}: {what}")], path) from None
     except (yaml.YAMLError, OSError) as err:
         raise ConfigError([Problem("", f"cannot read {path}: {err}")], path) from None

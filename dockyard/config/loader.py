@@ -49,11 +49,17 @@ def load_config(config: str | Path, overrides: Sequence[str] = (),
     group_choices, value_overrides = _split_group_choices(parsed, groups(dirs))
     tree = compose(source, dirs, group_choices)
     _fill_schema_defaults(tree)
-    _apply_overrides(tree, value_overrides, source)
-    container = _resolve(tree, source)
-    _import_user_modules(container, source)
-    master = _validate(container, source)
-    problems = constraints.check(master)
+    # Later stages still run after a bad override so the user sees every problem at once.
+    problems = _apply_overrides(tree, value_overrides)
+    unresolved = _unresolvable(tree)
+    if unresolved:
+        raise ConfigError(problems + unresolved, source)
+    container = OmegaConf.to_container(tree, resolve=True)
+    problems += _import_user_modules(container, source)
+    master, schema_problems = _validate(container)
+    problems += schema_problems
+    if master is not None:
+        problems += constraints.check(master)
     if problems:
         raise ConfigError(problems, source)
     return LoadedConfig(master, source, container)
@@ -68,7 +74,8 @@ def _parse_overrides(overrides: Sequence[str], source: Path) -> list:
         try:
             override = parser.parse_override(text)
         except HydraException as err:
-            problems.append(Problem(f"override {text!r}", f"cannot parse: {err}"))
+            problems.append(Problem(f"override {text!r}", f"cannot parse: {err} (quote a value that holds "
+                                    "spaces, commas or a ${resolver:args}: key='...')"))
             continue
         if override.is_sweep_override():
             problems.append(Problem(f"override {text!r}", "sweeps (a=1,2) are not supported; give one value "
@@ -99,7 +106,7 @@ def _node(tree: DictConfig, key: str):
     node: Any = tree
     for part in key.split("."):
         if isinstance(node, DictConfig):
-            node = node._get_node(part)
+            node = node._get_node(part, validate_access=False)
         elif isinstance(node, ListConfig) and part.isdigit() and int(part) < len(node):
             node = node._get_node(int(part))
         else:
@@ -119,7 +126,7 @@ def _suggest(tree: DictConfig, key: str) -> str:
     return ""
 
 
-def _apply_overrides(tree: DictConfig, parsed: list, source: Path) -> None:
+def _apply_overrides(tree: DictConfig, parsed: list) -> list[Problem]:
     problems = []
     OmegaConf.set_struct(tree, True)
     for override in parsed:
@@ -153,8 +160,7 @@ def _apply_overrides(tree: DictConfig, parsed: list, source: Path) -> None:
         except (OmegaConfBaseException, HydraException, ValueError) as err:
             problems.append(Problem(key, f"cannot apply '{text}': {err}"))
     OmegaConf.set_struct(tree, False)
-    if problems:
-        raise ConfigError(problems, source)
+    return problems
 
 
 # --- schema defaults -------------------------------------------------------------------------
@@ -210,40 +216,37 @@ def _fill_schema_defaults(tree: DictConfig) -> None:
 
 # --- resolution ------------------------------------------------------------------------------
 
-def _walk_interpolations(node, path: str, problems: list[Problem]) -> None:
-    keys = node.keys() if isinstance(node, DictConfig) else range(len(node))
-    for key in keys:
-        child = node._get_node(key)
-        where = f"{path}.{key}" if path and isinstance(node, DictConfig) else (f"{path}[{key}]" if path else str(key))
-        if child is None:
-            continue
-        if child._is_interpolation():
-            try:
-                node[key]
-            except OmegaConfBaseException as err:
-                text = child._value()
-                reason = str(err).split("\n")[0]
-                problems.append(Problem(where, f"cannot resolve {text!r}: {reason}"))
-        elif isinstance(child, (DictConfig, ListConfig)) and not child._is_missing() and child._value() is not None:
-            _walk_interpolations(child, where, problems)
-
-
-def _resolve(tree: DictConfig, source: Path) -> dict[str, Any]:
-    missing = sorted(OmegaConf.missing_keys(tree))
-    if missing:
-        raise ConfigError([Problem(key, "missing value (???): set it in the config or with "
-                                   f"'{key}=<value>'") for key in missing], source)
+def _unresolvable(tree: DictConfig) -> list[Problem]:
+    """Every unset ??? value and every ${...} that cannot be resolved, with its dotted path."""
     problems: list[Problem] = []
-    _walk_interpolations(tree, "", problems)
-    if problems:
-        raise ConfigError(problems, source)
-    return OmegaConf.to_container(tree, resolve=True)
+
+    def walk(node, path: str) -> None:
+        keys = node.keys() if isinstance(node, DictConfig) else range(len(node))
+        for key in keys:
+            child = node._get_node(key)
+            where = (f"{path}.{key}" if path else str(key)) if isinstance(node, DictConfig) else f"{path}[{key}]"
+            if child is None:
+                continue
+            if child._is_missing():
+                problems.append(Problem(where, "missing value (???): set it in the config or with "
+                                        f"'{where}=<value>'"))
+            elif child._is_interpolation():
+                try:
+                    node[key]
+                except OmegaConfBaseException as err:
+                    reason = str(err).split("\n")[0]
+                    problems.append(Problem(where, f"cannot resolve {child._value()!r}: {reason}"))
+            elif isinstance(child, (DictConfig, ListConfig)) and child._value() is not None:
+                walk(child, where)
+
+    walk(tree, "")
+    return problems
 
 
-def _import_user_modules(container: dict[str, Any], source: Path) -> None:
+def _import_user_modules(container: dict[str, Any], source: Path) -> list[Problem]:
     modules = container.get("imports") or []
     if not isinstance(modules, list):
-        raise ConfigError([Problem("imports", f"must be a list of module names, got {modules!r}")], source)
+        return [Problem("imports", f"must be a list of module names, got {modules!r}")]
     registry.load_builtins()
     problems = []
     for index, module in enumerate(modules):
@@ -256,8 +259,7 @@ def _import_user_modules(container: dict[str, Any], source: Path) -> None:
         except Exception as err:
             problems.append(Problem(f"imports[{index}]", f"cannot import module {module!r}: "
                                     f"{type(err).__name__}: {err}"))
-    if problems:
-        raise ConfigError(problems, source)
+    return problems
 
 
 # --- pydantic --------------------------------------------------------------------------------
@@ -306,8 +308,8 @@ def _schema_problem(error: dict, container: dict) -> Problem:
     return Problem(path, message)
 
 
-def _validate(container: dict[str, Any], source: Path) -> MasterConfig:
+def _validate(container: dict[str, Any]) -> tuple[MasterConfig | None, list[Problem]]:
     try:
-        return MasterConfig.model_validate(container)
+        return MasterConfig.model_validate(container), []
     except ValidationError as err:
-        raise ConfigError([_schema_problem(e, container) for e in err.errors()], source) from None
+        return None, [_schema_problem(e, container) for e in err.errors()]
