@@ -39,6 +39,7 @@ def _mutually_divisible(a: int, b: int) -> bool:
 
 @rule
 def trainer_world_divides_model_parallel(cfg: MasterConfig) -> Iterator[Problem]:
+    """The trainer gets at least one node, and its GPUs (ranks on CPU) divide by TP x PP x CP (seed 002 11.9 rule 2)."""
     world, mp = topology.trainer_world_size(cfg), topology.model_parallel_size(cfg)
     if world <= 0:
         yield Problem("cluster.trainer.num_nodes", f"the trainer gets {topology.trainer_nodes(cfg)} nodes; "
@@ -50,6 +51,7 @@ def trainer_world_divides_model_parallel(cfg: MasterConfig) -> Iterator[Problem]
 
 @rule
 def rollouts_divide_into_mini_batches(cfg: MasterConfig) -> Iterator[Problem]:
+    """grpo.num_prompts_per_step x grpo.num_generations_per_prompt (B x N) divides by policy.train_global_batch_size (M) (11.9 rule 3)."""
     b, n, m = cfg.grpo.num_prompts_per_step, cfg.grpo.num_generations_per_prompt, cfg.policy.train_global_batch_size
     if (b * n) % m:
         yield Problem("policy.train_global_batch_size",
@@ -59,6 +61,7 @@ def rollouts_divide_into_mini_batches(cfg: MasterConfig) -> Iterator[Problem]:
 
 @rule
 def prompts_divide_over_dp_and_mini_batches(cfg: MasterConfig) -> Iterator[Problem]:
+    """Each dataset's prompts per step divide by dp_size x num_mini_batch, where num_mini_batch = B x N / M; per-dataset shares add up to B (11.9 rule 4)."""
     dp, b, n, m = (topology.dp_size(cfg), cfg.grpo.num_prompts_per_step,
                    cfg.grpo.num_generations_per_prompt, cfg.policy.train_global_batch_size)
     if dp == 0 or (b * n) % m:
@@ -85,6 +88,7 @@ def prompts_divide_over_dp_and_mini_batches(cfg: MasterConfig) -> Iterator[Probl
 
 @rule
 def micro_batches_fill_a_step(cfg: MasterConfig) -> Iterator[Problem]:
+    """Without dynamic batching, M divides by dp_size x policy.train_micro_batch_size."""
     dp, policy = topology.dp_size(cfg), cfg.policy
     if dp and not policy.dynamic_batching.enabled:
         per_step = dp * policy.train_micro_batch_size
@@ -97,6 +101,7 @@ def micro_batches_fill_a_step(cfg: MasterConfig) -> Iterator[Problem]:
 
 @rule
 def megatron_parallelism(cfg: MasterConfig) -> Iterator[Problem]:
+    """backend megatron needs policy.megatron_cfg; trainer GPUs divide by ETP x EP x PP; virtual pipeline stages need PP > 1."""
     if cfg.policy.backend != "megatron":
         return
     m = cfg.policy.megatron_cfg
@@ -116,6 +121,7 @@ def megatron_parallelism(cfg: MasterConfig) -> Iterator[Problem]:
 
 @rule
 def sequence_budgets(cfg: MasterConfig) -> Iterator[Problem]:
+    """A dynamic-batching budget holds at least one full sequence; max_new_tokens leaves room for a prompt."""
     policy = cfg.policy
     total = policy.max_total_sequence_length
     if policy.dynamic_batching.enabled and policy.dynamic_batching.max_tokens_per_gpu < total:
@@ -132,6 +138,7 @@ def sequence_budgets(cfg: MasterConfig) -> Iterator[Problem]:
 
 @rule
 def group_placement(cfg: MasterConfig) -> Iterator[Problem]:
+    """colocate true: rollout and teacher GPUs are each <= trainer GPUs; colocate false: a rollout group exists and trainer + rollout + teacher nodes = cluster.num_nodes (11.10)."""
     cluster = cfg.cluster
     trainer = topology.trainer_world_size(cfg)
     if cluster.colocate:
@@ -155,6 +162,7 @@ def group_placement(cfg: MasterConfig) -> Iterator[Problem]:
 
 @rule
 def rollout_replicas(cfg: MasterConfig) -> Iterator[Problem]:
+    """Rollout GPUs divide into replicas of cluster.rollout_gpus_per_replica."""
     devices, per_replica = topology.rollout_devices(cfg), cfg.cluster.rollout_gpus_per_replica
     if cfg.cluster.gpus_per_node > 0 and devices and devices % per_replica:
         yield Problem("cluster.rollout_gpus_per_replica",
@@ -163,6 +171,7 @@ def rollout_replicas(cfg: MasterConfig) -> Iterator[Problem]:
 
 @rule
 def teachers_only_with_distillation(cfg: MasterConfig) -> Iterator[Problem]:
+    """Teacher nodes and on_policy_distillation are only allowed when grpo.adv_estimator.name is opd."""
     opd = cfg.grpo.adv_estimator.name == "opd"
     if not opd and cfg.cluster.teacher.num_nodes > 0:
         yield Problem("cluster.teacher.num_nodes", f"{cfg.cluster.teacher.num_nodes} teacher nodes are requested "
@@ -176,6 +185,7 @@ def teachers_only_with_distillation(cfg: MasterConfig) -> Iterator[Problem]:
 
 @rule
 def distillation(cfg: MasterConfig) -> Iterator[Problem]:
+    """OPD: on_policy_distillation is set, async GRPO on, no data_plane, prev_logprobs not skipped (seed 000); pg/gkd ratio rules (seed 002 8); teacher names resolve; teacher GPUs > 0 divide by teacher TP x PP x CP, and teacher_dp divides with the number of teachers and with the trainer dp_size (11.11)."""
     if cfg.grpo.adv_estimator.name != "opd":
         return
     opd = cfg.on_policy_distillation
@@ -234,6 +244,7 @@ def distillation(cfg: MasterConfig) -> Iterator[Problem]:
 
 @rule
 def async_grpo(cfg: MasterConfig) -> Iterator[Problem]:
+    """Async GRPO: colocate false, run_mode default, num_oversample 0, one dataset, IS correction on; no dynamic sampling, reward scaling or shaping (seed 000, seed 002 2 and 11.3)."""
     grpo = cfg.grpo
     if not grpo.async_grpo.enabled:
         return
@@ -260,6 +271,7 @@ def async_grpo(cfg: MasterConfig) -> Iterator[Problem]:
 
 @rule
 def partial_rollout(cfg: MasterConfig) -> Iterator[Problem]:
+    """mask_offpolicy_in_partial_rollout needs partial_rollout (11.4)."""
     a = cfg.grpo.async_grpo
     if a.mask_offpolicy_in_partial_rollout and not a.partial_rollout:
         yield Problem("grpo.async_grpo.mask_offpolicy_in_partial_rollout",
@@ -270,6 +282,7 @@ def partial_rollout(cfg: MasterConfig) -> Iterator[Problem]:
 
 @rule
 def rollout_logprobs_exclusive(cfg: MasterConfig) -> Iterator[Problem]:
+    """loss_fn.use_rollout_logprobs excludes IS correction and M2PO (11.2)."""
     loss = cfg.loss_fn
     if loss.use_rollout_logprobs and loss.is_correction.enabled:
         yield Problem("loss_fn.is_correction.enabled", "cannot be combined with loss_fn.use_rollout_logprobs "
@@ -281,6 +294,7 @@ def rollout_logprobs_exclusive(cfg: MasterConfig) -> Iterator[Problem]:
 
 @rule
 def is_correction_bounds(cfg: MasterConfig) -> Iterator[Problem]:
+    """IS correction needs lower_bound <= 1 <= upper_bound, lower < upper (seed 002 9.2)."""
     isc = cfg.loss_fn.is_correction
     if not isc.enabled:
         return
@@ -296,6 +310,7 @@ def is_correction_bounds(cfg: MasterConfig) -> Iterator[Problem]:
 
 @rule
 def reference_model(cfg: MasterConfig) -> Iterator[Problem]:
+    """A KL penalty needs a reference (hf_path or checkpoint_path); a moving reference and KL-in-reward need the penalty on; dual clip only for clipped_pg (11.1)."""
     loss = cfg.loss_fn
     ref = loss.reference_model
     kl_on = loss.reference_policy_kl_penalty > 0
@@ -315,15 +330,17 @@ def reference_model(cfg: MasterConfig) -> Iterator[Problem]:
 
 @rule
 def precision(cfg: MasterConfig) -> Iterator[Problem]:
+    """megatron bf16 / fp16 are exclusive and agree with policy.precision; fp8 needs bf16 or fp16, fp8_param needs fp8 (11.7); fp8 serving needs GPUs and non-fp32 training."""
     policy = cfg.policy
     m = policy.megatron_cfg
     if m is not None:
         if m.bf16 and m.fp16:
             yield Problem("policy.megatron_cfg", "bf16 and fp16 are mutually exclusive; pick one")
-        elif (m.bf16 or m.fp16) and policy.precision != ("bf16" if m.bf16 else "fp16"):
-            chosen = "bf16" if m.bf16 else "fp16"
-            yield Problem("policy.megatron_cfg", f"{chosen} is on but policy.precision is {policy.precision!r}; "
-                          "make them agree")
+        elif policy.backend == "megatron":
+            chosen = "bf16" if m.bf16 else "fp16" if m.fp16 else "fp32"
+            if chosen != policy.precision:
+                yield Problem("policy.megatron_cfg", f"megatron trains in {chosen} (bf16={m.bf16}, fp16={m.fp16}) "
+                              f"but policy.precision is {policy.precision!r}; make them agree")
         if m.fp8 is not None and not (m.bf16 or m.fp16):
             yield Problem("policy.megatron_cfg.fp8", "FP8 needs bf16 or fp16 as the primary precision")
         if m.fp8_param and m.fp8 is None:
@@ -340,6 +357,7 @@ def precision(cfg: MasterConfig) -> Iterator[Problem]:
 
 @rule
 def multimodal_inputs(cfg: MasterConfig) -> Iterator[Problem]:
+    """Image inputs are refused with the sglang backend, which does not forward them yet (seed 000)."""
     gen = cfg.policy.generation
     if gen.allow_multimodal_inputs and gen.backend == "sglang":
         yield Problem("policy.generation.allow_multimodal_inputs", "the sglang backend does not forward images "
@@ -348,6 +366,7 @@ def multimodal_inputs(cfg: MasterConfig) -> Iterator[Problem]:
 
 @rule
 def multi_turn_needs_agent(cfg: MasterConfig) -> Iterator[Problem]:
+    """grpo.max_rollout_turns > 1 needs env.agent."""
     if cfg.grpo.max_rollout_turns > 1 and cfg.env.agent is None:
         yield Problem("env.agent", f"grpo.max_rollout_turns is {cfg.grpo.max_rollout_turns}; multi-turn "
                       "rollouts need an agent (see `dockyard list`)")
@@ -355,6 +374,7 @@ def multi_turn_needs_agent(cfg: MasterConfig) -> Iterator[Problem]:
 
 @rule
 def reward_scaling_range(cfg: MasterConfig) -> Iterator[Problem]:
+    """Reward scaling needs source_max > source_min."""
     scaling = cfg.grpo.reward_scaling
     if scaling.enabled and scaling.source_max <= scaling.source_min:
         yield Problem("grpo.reward_scaling.source_max",
@@ -365,6 +385,7 @@ def reward_scaling_range(cfg: MasterConfig) -> Iterator[Problem]:
 
 @rule
 def saving(cfg: MasterConfig) -> Iterator[Problem]:
+    """Enabled checkpointing writes something (save_state or export_hf); keep_top_k needs metric_name (11.8)."""
     ckpt = cfg.checkpointing
     if ckpt.enabled and not (ckpt.save_state or ckpt.export_hf):
         yield Problem("checkpointing.save_state", "checkpointing is enabled but save_state and export_hf are "
@@ -375,6 +396,7 @@ def saving(cfg: MasterConfig) -> Iterator[Problem]:
 
 @rule
 def evaluation(cfg: MasterConfig) -> Iterator[Problem]:
+    """Validation cadence (grpo.val_period, grpo.val_at_start, sft.val_period) needs data.validation (11.6)."""
     if cfg.data.validation is not None:
         return
     if cfg.grpo.val_period > 0:
@@ -387,5 +409,6 @@ def evaluation(cfg: MasterConfig) -> Iterator[Problem]:
 
 @rule
 def tracking(cfg: MasterConfig) -> Iterator[Problem]:
+    """MLflow logging needs logger.mlflow.tracking_uri (seed 002 6)."""
     if cfg.logger.mlflow_enabled and not cfg.logger.mlflow.tracking_uri:
         yield Problem("logger.mlflow.tracking_uri", "required when logger.mlflow_enabled is true")

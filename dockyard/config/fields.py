@@ -4,6 +4,7 @@ type of a field that names a registered component."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+import typing
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
@@ -47,3 +48,25 @@ class ComponentKind:
 def component(kind: str) -> Any:
     marker = ComponentKind(kind)
     return Annotated[str, marker, AfterValidator(marker.check)]
+
+
+def section_model(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
+    """The section model a field holds (directly, as Optional, or as list elements) and whether it is a list."""
+    origin = typing.get_origin(annotation)
+    if origin is list:
+        args = typing.get_args(annotation)
+        model, _ = section_model(args[0]) if args else (None, False)
+        return model, True
+    if origin is typing.Union or str(origin) == "types.UnionType":
+        for arg in typing.get_args(annotation):
+            model, is_list = section_model(arg)
+            if model is not None:
+                return model, is_list
+        return None, False
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation, False
+    return None, False
+
+
+def is_open(model: type[BaseModel]) -> bool:
+    return model.model_config.get("extra") == "allow"

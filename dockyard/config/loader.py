@@ -9,7 +9,6 @@ from __future__ import annotations
 import difflib
 import importlib
 import sys
-import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -24,6 +23,7 @@ from dockyard import registry
 from dockyard.config import constraints
 from dockyard.config.compose import compose, find_config, groups, search_path
 from dockyard.config.errors import ConfigError, Problem
+from dockyard.config.fields import section_model
 from dockyard.config.resolvers import register_omegaconf_resolvers
 from dockyard.config.schema import MasterConfig
 
@@ -156,7 +156,8 @@ def _apply_overrides(tree: DictConfig, parsed: list) -> list[Problem]:
                     problems.append(Problem(key, f"'{text}' sets a key that is not in the config"
                                             f"{_suggest(tree, key)}; to add a new key use '+{text}'"))
                     continue
-                OmegaConf.update(tree, key, override.value(), merge=True)
+                # `key=value` replaces: a dict value is the new mapping, not merged into the old one.
+                OmegaConf.update(tree, key, override.value(), merge=False)
         except (OmegaConfBaseException, HydraException, ValueError) as err:
             problems.append(Problem(key, f"cannot apply '{text}': {err}"))
     OmegaConf.set_struct(tree, False)
@@ -165,30 +166,12 @@ def _apply_overrides(tree: DictConfig, parsed: list) -> list[Problem]:
 
 # --- schema defaults -------------------------------------------------------------------------
 
-def _model_of(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
-    """The pydantic model a field holds (directly, Optional, or as list elements) and whether it is a list."""
-    origin = typing.get_origin(annotation)
-    if origin is list:
-        (inner,) = typing.get_args(annotation) or (None,)
-        model, _ = _model_of(inner)
-        return model, True
-    if origin is typing.Union or str(origin) == "types.UnionType":
-        for arg in typing.get_args(annotation):
-            model, is_list = _model_of(arg)
-            if model is not None:
-                return model, is_list
-        return None, False
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation, False
-    return None, False
-
-
 def _defaults_into(model: type[BaseModel], node: DictConfig) -> None:
     """Give `node` every key of `model` it lacks (required ones as ???), so overrides can set
     schema fields the YAML omitted without '+', and --show prints the whole config."""
     for name, info in model.model_fields.items():
         child = node._get_node(name)
-        sub, is_list = _model_of(info.annotation)
+        sub, is_list = section_model(info.annotation)
         if child is None:
             if info.is_required():
                 node[name] = "???"
@@ -209,7 +192,7 @@ def _defaults_into(model: type[BaseModel], node: DictConfig) -> None:
 def _fill_schema_defaults(tree: DictConfig) -> None:
     for name, info in MasterConfig.model_fields.items():
         child = tree._get_node(name)
-        sub, _ = _model_of(info.annotation)
+        sub, _ = section_model(info.annotation)
         if sub is not None and isinstance(child, DictConfig) and not child._is_interpolation():
             _defaults_into(sub, child)
 
@@ -303,7 +286,7 @@ def _schema_problem(error: dict, container: dict) -> Problem:
     message = error["msg"]
     if message.startswith("Value error, "):
         message = message[len("Value error, "):]
-    if "input" in error and kind not in ("model_type", "dict_type"):
+    if "input" in error and not isinstance(error["input"], (dict, list)):
         message += f" (got {error['input']!r})"
     return Problem(path, message)
 
