@@ -284,6 +284,8 @@ def _schema_problem(error: dict, container: dict) -> Problem:
         return Problem(path, f"unknown key{hint}; see docs/config-reference.md for the keys of "
                        f"'{_dotted(parent) or 'the top level'}'")
     message = error["msg"]
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        message = "expected a section (a mapping of keys)"
     if message.startswith("Value error, "):
         message = message[len("Value error, "):]
     if "input" in error and not isinstance(error["input"], (dict, list)):
