@@ -1,4 +1,4 @@
-"""Command line: `dockyard validate | list` and `dockyard-submit`.
+"""Command line: `dockyard validate | run | list` and `dockyard-submit`.
 
 Config problems exit with status 2 and a list of what is wrong; they never print a traceback.
 """
@@ -61,6 +61,20 @@ def cmd_validate(ns: argparse.Namespace) -> int:
     return EXIT_CONFIG if failed else 0
 
 
+def cmd_run(ns: argparse.Namespace) -> int:
+    from dockyard.run.local import run_local
+
+    if not ns.config:
+        print("dockyard run: --config is required", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        loaded = load_config(ns.config, ns.overrides, ns.config_dir)
+    except ConfigError as err:
+        print(err.render(), file=sys.stderr)
+        return EXIT_CONFIG
+    return run_local(loaded)
+
+
 def cmd_list(ns: argparse.Namespace) -> int:
     kinds = [ns.kind] if ns.kind else list(registry.KINDS)
     for kind in kinds:
@@ -90,6 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("args", nargs="*", metavar="PATH|OVERRIDE",
                           help="config files or folders, and Hydra overrides (a.b=v, +a.new=v, ~a.b)")
     validate.set_defaults(func=cmd_validate)
+
+    run = sub.add_parser("run", help="run the GRPO loop on this machine (no Slurm)")
+    _add_config_args(run)
+    run.add_argument("overrides", nargs="*", metavar="OVERRIDE", help="Hydra overrides")
+    run.set_defaults(func=cmd_run)
 
     listing = sub.add_parser("list", help="print the component catalog by kind")
     listing.add_argument("kind", nargs="?", help="only this kind")

@@ -51,11 +51,19 @@ class Entry:
     kind: str
     name: str
     doc: str
-    factory: Callable[..., Any] | None = None
+    registered: Callable[..., Any] | None = None
+    target: str | None = None  # "module:attribute", imported on first use (keeps `validate` light)
 
     @property
     def available(self) -> bool:
-        return self.factory is not None
+        return self.registered is not None or self.target is not None
+
+    @property
+    def factory(self) -> Callable[..., Any] | None:
+        if self.registered is None and self.target is not None:
+            module, _, attribute = self.target.partition(":")
+            self.registered = getattr(importlib.import_module(module), attribute)
+        return self.registered
 
 
 _entries: dict[tuple[str, str], Entry] = {}
@@ -78,7 +86,7 @@ def register(kind: str, name: str, doc: str | None = None) -> Callable[[Callable
     def wrap(factory: Callable) -> Callable:
         key = (kind, name)
         existing = _entries.get(key)
-        if existing is not None and existing.factory is not None and existing.factory is not factory:
+        if existing is not None and existing.registered is not None and existing.registered is not factory:
             raise ValueError(f"{kind} {name!r} is registered twice")
         line = doc or _first_line(factory.__doc__) or (existing.doc if existing else "")
         _entries[key] = Entry(kind, name, line, factory)
@@ -87,10 +95,11 @@ def register(kind: str, name: str, doc: str | None = None) -> Callable[[Callable
     return wrap
 
 
-def declare(kind: str, name: str, doc: str) -> None:
-    """Put `name` in the catalog before its implementation exists."""
+def declare(kind: str, name: str, doc: str, target: str | None = None) -> None:
+    """Put `name` in the catalog: implemented by `target` ("module:attribute", imported when first
+    built), or not implemented yet when `target` is None."""
     _check_kind(kind)
-    _entries.setdefault((kind, name), Entry(kind, name, doc))
+    _entries.setdefault((kind, name), Entry(kind, name, doc, target=target))
 
 
 def load_builtins() -> None:

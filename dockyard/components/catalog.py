@@ -1,10 +1,19 @@
-"""Components that configs may already select but whose implementation lands with later work.
-
-Declaring them keeps the catalog honest: `dockyard list` marks them "not yet available", configs
-that select them validate, and building one fails with a clear message instead of a stub running.
+"""The built-in catalog. Entries with a target ("module:attribute") are implemented and imported
+only when first built, so `dockyard validate` stays light; entries without one are selectable in
+configs (and validate) but not implemented yet: `dockyard list` marks them "not yet available" and
+building one fails with that message instead of a stub running.
 """
 
 from dockyard.registry import declare
+
+_IMPLEMENTED = {
+    ("advantage_estimator", "grpo"): "dockyard.algorithms.advantages:GroupRelativeAdvantage",
+    ("loss", "clipped_pg"): "dockyard.algorithms.losses:ClippedPGLoss",
+    ("environment", "math"): "dockyard.envs.math:MathEnvironment",
+    ("logger", "tensorboard"): "dockyard.io.metrics:TensorBoardWriter",
+    ("generation_backend", "embedded"): "dockyard.generation.launcher:EmbeddedServer",
+    ("policy_backend", "dtensor"): "dockyard.policy.dtensor:DTensorPolicy",
+}
 
 _DECLARED = {
     "advantage_estimator": {
@@ -56,4 +65,4 @@ _DECLARED = {
 
 for _kind, _names in _DECLARED.items():
     for _name, _doc in _names.items():
-        declare(_kind, _name, _doc)
+        declare(_kind, _name, _doc, _IMPLEMENTED.get((_kind, _name)))

@@ -14,9 +14,10 @@ class CheckpointingConfig(Section):
     checkpoint_dir: str = field(..., "Base folder of step_<N> checkpoints and "
                                 "latest_checkpointed_iteration.txt; also where resume looks.")
     save_period: int = field(10, "Save every N steps; <= 0 saves only at the end and on preemption.")
-    keep_top_k: Optional[NonNegativeInt] = field(None, "Keep the k best checkpoints by metric_name; "
-                                                 "null keeps all.", "Needs metric_name.")
-    keep_last: NonNegativeInt = field(2, "Always keep the most recent N checkpoints (resume points).")
+    keep_top_k: Optional[NonNegativeInt] = field(None, "Also keep the k best checkpoints by metric_name; "
+                                                 "null ranks none.", "Needs metric_name.")
+    keep_last: NonNegativeInt = field(2, "Keep the most recent N checkpoints (resume points); others are deleted "
+                                      "unless among the top k. 0 with keep_top_k null keeps every checkpoint.")
     metric_name: Optional[str] = field(None, "Metric ranking checkpoints for keep_top_k (e.g. val_reward).")
     higher_is_better: bool = field(True, "Direction of metric_name.")
     save_state: bool = field(True, "Write the full training state (torch.distributed.checkpoint: weights, "

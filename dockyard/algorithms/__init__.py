@@ -1,0 +1,1 @@
+"""Advantage estimators and policy losses (selected by name from the config)."""

@@ -1,0 +1,76 @@
+"""Policy losses. A loss returns per-token losses; dockyard.algorithms.aggregate turns them into
+one number with the configured aggregation over the whole optimizer step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dockyard.config.schema.loss import LossConfig
+
+
+@dataclass
+class LossInputs:
+    logprobs: torch.Tensor        # [B, T] current policy, with grad
+    old_logprobs: torch.Tensor    # [B, T] policy that sampled (or the step's start)
+    advantages: torch.Tensor      # [B, T]
+    mask: torch.Tensor            # [B, T] 1 on trained tokens
+    ref_logprobs: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None  # [B, T]
+
+
+def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from samples of pi (Schulman's k1 / k2 / k3)."""
+    log_ratio = logprobs - ref_logprobs
+    if kind == "k1":
+        return log_ratio
+    if kind == "k2":
+        return 0.5 * log_ratio.square()
+    if kind == "k3":
+        # clamp keeps exp() finite on extreme ratios; the estimate is already huge there
+        return torch.exp((-log_ratio).clamp(max=20)) + log_ratio - 1
+    raise ValueError(f"unknown KL estimator {kind!r} (k1, k2 or k3)")
+
+
+class ClippedPGLoss:
+    """PPO-style clipped policy gradient with clip-higher, optional dual clip, reference KL and entropy."""
+
+    def __init__(self, config: LossConfig):
+        self.config = config
+
+    def __call__(self, inputs: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        c = self.config
+        log_ratio = (inputs.logprobs - inputs.old_logprobs).clamp(-20, 20)
+        ratio = torch.exp(log_ratio)
+        adv = inputs.advantages
+        unclipped = -adv * ratio
+        clipped = -adv * ratio.clamp(1 - c.ratio_clip_min, 1 + c.ratio_clip_max)
+        loss = torch.maximum(unclipped, clipped)
+        if c.ratio_clip_c is not None:
+            loss = torch.where(adv < 0, torch.minimum(loss, -adv * c.ratio_clip_c), loss)
+        metrics = {"clip_fraction": (clipped > unclipped).float(), "approx_kl_old": -log_ratio.detach()}
+        if inputs.ref_logprobs is not None and c.reference_policy_kl_penalty > 0 and not c.kl_in_reward:
+            kl = kl_estimate(inputs.logprobs, inputs.ref_logprobs, c.reference_policy_kl_type)
+            if c.use_unbiased_kl:
+                kl = kl * ratio
+            loss = loss + c.reference_policy_kl_penalty * kl
+            metrics["kl_ref"] = kl.detach()
+        if inputs.entropy is not None:
+            if c.entropy_coef > 0:
+                loss = loss - c.entropy_coef * inputs.entropy
+            metrics["entropy"] = inputs.entropy.detach()
+        return loss, metrics
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, total_tokens: float,
+              total_sequences: float) -> torch.Tensor:
+    """This micro-batch's share of the step loss. `total_*` count the whole optimizer step across
+    ranks, so summing shares over micro-batches (and averaging over ranks) gives the step loss."""
+    mask = mask.to(per_token.dtype)
+    if mode == "token-mean":
+        return (per_token * mask).sum() / max(total_tokens, 1.0)
+    if mode == "seq-mean-token-mean":
+        per_sequence = (per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+        return per_sequence.sum() / max(total_sequences, 1.0)
+    raise ValueError(f"unknown loss_agg_mode {mode!r}")

@@ -1,0 +1,165 @@
+"""Prompt datasets: rows from .jsonl / .parquet files (with `@[a:b]` row slices) or from a
+reasoning-gym generator, normalised to {input, label, metadata}, filtered, and served in a seeded,
+resumable order."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dockyard import registry
+from dockyard.config.schema.data import DatasetConfig
+
+_SLICE = re.compile(r"^(?P<path>.*)@\[(?P<start>-?\d*):(?P<stop>-?\d*)\]$")
+
+
+class DatasetError(ValueError):
+    pass
+
+
+def split_row_slice(spec: str) -> tuple[Path, slice]:
+    match = _SLICE.match(spec)
+    if not match:
+        return Path(spec), slice(None)
+    start, stop = match["start"], match["stop"]
+    return Path(match["path"]), slice(int(start) if start else None, int(stop) if stop else None)
+
+
+def read_rows(spec: str) -> list[dict[str, Any]]:
+    path, rows_slice = split_row_slice(spec)
+    if not path.is_file():
+        raise DatasetError(f"dataset file not found: {path}")
+    if path.suffix == ".jsonl":
+        rows = []
+        with open(path, encoding="utf-8") as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise DatasetError(f"{path}:{number}: not valid JSON ({err.msg})") from None
+                if not isinstance(row, dict):
+                    raise DatasetError(f"{path}:{number}: each line must be a JSON object")
+                rows.append(row)
+    elif path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        rows = pq.read_table(path).to_pylist()
+    else:
+        raise DatasetError(f"{path}: unsupported dataset format {path.suffix!r} (use .jsonl or .parquet)")
+    return rows[rows_slice]
+
+
+def generate_rows(config: DatasetConfig) -> list[dict[str, Any]]:
+    import reasoning_gym
+
+    generator = config.generator
+    extra = dict(generator.model_extra or {})
+    try:
+        dataset = reasoning_gym.create_dataset(generator.name, size=generator.size, seed=generator.seed, **extra)
+    except Exception as err:
+        raise DatasetError(f"data generator {generator.name!r}: {type(err).__name__}: {err}") from None
+    return [{"input": entry["question"], "label": entry["answer"],
+             "metadata": {**entry["metadata"], "reasoning_gym_entry": dict(entry)}} for entry in dataset]
+
+
+@dataclass
+class Prompt:
+    input: Any          # prompt text or a message list
+    label: Any
+    metadata: dict[str, Any]
+    source: str         # dataset name, for per-dataset metrics
+
+
+def load_prompts(config: DatasetConfig) -> list[Prompt]:
+    """All rows of one dataset, validated and filtered; a bad row names the dataset and row."""
+    if config.generator is not None:
+        raw = generate_rows(config)
+        keys = ("input", "label", "metadata")
+    else:
+        raw = read_rows(config.path)
+        keys = (config.input_key, config.label_key, config.metadata_key)
+    # pre-processors are plain functions of a row, so the registered function itself is used
+    pre_processor = (registry.get("data_pre_processor", config.data_pre_processor).factory
+                     if config.data_pre_processor else None)
+    prompts = []
+    for index, row in enumerate(raw):
+        where = f"dataset {config.name!r} row {index}"
+        if pre_processor is not None:
+            try:
+                row = pre_processor(row)
+            except (KeyError, ValueError) as err:
+                raise DatasetError(f"{where}: {config.data_pre_processor} pre-processor failed: {err}") from None
+            keys = ("input", "label", keys[2])
+        input_key, label_key, metadata_key = keys
+        if input_key not in row:
+            raise DatasetError(f"{where}: no {input_key!r} column (data.datasets[].input_key); "
+                               f"columns: {', '.join(map(str, row))}")
+        if label_key is not None and label_key not in row:
+            raise DatasetError(f"{where}: no {label_key!r} column (label_key; set it to null if unused)")
+        metadata = row.get(metadata_key) or {}
+        if not isinstance(metadata, dict):
+            raise DatasetError(f"{where}: {metadata_key!r} must be a dict, got {type(metadata).__name__}")
+        text = row[input_key]
+        if config.max_prompt_chars is not None and len(str(text)) > config.max_prompt_chars:
+            continue
+        prompts.append(Prompt(text, row.get(label_key) if label_key else None, metadata, config.name))
+    if not prompts:
+        raise DatasetError(f"dataset {config.name!r} has no rows left after filtering")
+    return prompts
+
+
+class PromptLoader:
+    """Epochs over one dataset in a seeded order; its position is part of a checkpoint."""
+
+    def __init__(self, prompts: list[Prompt], shuffle: bool, seed: int):
+        self.prompts, self.shuffle, self.seed = prompts, shuffle, seed
+        self.epoch, self.offset = 0, 0
+        self._order = self._order_for(0)
+
+    def _order_for(self, epoch: int) -> list[int]:
+        if not self.shuffle:
+            return list(range(len(self.prompts)))
+        generator = torch.Generator().manual_seed(self.seed + epoch)
+        return torch.randperm(len(self.prompts), generator=generator).tolist()
+
+    def take(self, count: int) -> list[Prompt]:
+        out = []
+        while len(out) < count:
+            if self.offset >= len(self._order):
+                self.epoch, self.offset = self.epoch + 1, 0
+                self._order = self._order_for(self.epoch)
+            out.append(self.prompts[self._order[self.offset]])
+            self.offset += 1
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "offset": self.offset}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.offset = int(state["epoch"]), int(state["offset"])
+        self._order = self._order_for(self.epoch)
+
+
+def build_messages(prompt: Prompt, system_prompt: str | None, instruction: str | None = None) -> list[dict]:
+    if isinstance(prompt.input, list):
+        messages = list(prompt.input)
+    else:
+        content = str(prompt.input) + (f"\n{instruction}" if instruction else "")
+        messages = [{"role": "user", "content": content}]
+    if system_prompt and not any(m.get("role") == "system" for m in messages):
+        messages = [{"role": "system", "content": system_prompt}] + messages
+    return messages
+
+
+def prompt_token_ids(tokenizer, messages: list[dict], chat_template: str | None = None,
+                     template_kwargs: dict | None = None) -> list[int]:
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                        chat_template=chat_template, return_dict=False, **(template_kwargs or {}))
+    return list(ids)

@@ -1,0 +1,65 @@
+"""torch.distributed set-up: the trainer world from the environment, and the side group that
+carries weights from trainer rank 0 to a generation server (outside the trainer world)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class WorldInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def backend_for(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def init_trainer_world(device: torch.device, timeout_s: float = 600) -> WorldInfo:
+    """Join the trainer world described by RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT."""
+    info = WorldInfo(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
+                     int(os.environ.get("LOCAL_RANK", 0)))
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+        dist.init_process_group(backend_for(device), rank=info.rank, world_size=info.world_size,
+                                timeout=timedelta(seconds=timeout_s))
+    return info
+
+
+def weight_sync_group(master_address: str, master_port: int, rank: int, world_size: int, group_name: str,
+                      backend: str = "gloo", timeout_s: float = 300):
+    """A process group of its own (not the default world): trainer rank 0 is rank 0, servers follow."""
+    store = dist.TCPStore(master_address, master_port, world_size, is_master=(rank == 0),
+                          timeout=timedelta(seconds=timeout_s))
+    store = dist.PrefixStore(group_name, store)
+    if backend == "gloo":
+        return dist.ProcessGroupGloo(store, rank, world_size, timedelta(seconds=timeout_s))
+    if backend == "nccl":
+        return dist.ProcessGroupNCCL(store, rank, world_size)
+    raise ValueError(f"unknown weight-sync backend {backend!r} (gloo or nccl)")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

@@ -1,0 +1,175 @@
+"""The embedded generation engine: batched sampling with a KV cache on a transformers causal LM.
+
+Token ids in, token ids and per-token logprobs out. A logprob is log softmax(logits / temperature)
+at the sampled token (top-k / top-p only restrict what may be sampled), which is what the trainer
+recomputes, so the two can be compared token for token.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from dockyard.models import load_causal_lm, load_tokenizer
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    seed: int | None = None
+
+
+@dataclass
+class Completion:
+    prompt_index: int
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop", "length" or "abort"
+
+
+class Aborted(Exception):
+    pass
+
+
+class Engine:
+    def __init__(self, model_path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32,
+                 max_batch_size: int = 64):
+        self.device = torch.device(device)
+        self.model = load_causal_lm(model_path, dtype=dtype).to(self.device).eval()
+        self.tokenizer = load_tokenizer(model_path)
+        self.max_batch_size = max_batch_size
+        eos = self.model.generation_config.eos_token_id if self.model.generation_config else None
+        eos = eos if eos is not None else self.model.config.eos_token_id
+        self.eos_token_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.weights_version = 0
+        # Paused: decoding holds between steps until resumed. Aborted: in-flight requests end now.
+        self._running = threading.Event()
+        self._running.set()
+        self._abort = threading.Event()
+
+    # --- control ------------------------------------------------------------------------------
+
+    def pause(self) -> None:
+        self._running.clear()
+
+    def resume(self) -> None:
+        self._running.set()
+
+    def abort(self) -> None:
+        self._abort.set()
+        self._running.set()
+
+    @property
+    def paused(self) -> bool:
+        return not self._running.is_set()
+
+    # --- weights ------------------------------------------------------------------------------
+
+    def load_weights(self, named_tensors: dict[str, torch.Tensor]) -> None:
+        params = dict(self.model.named_parameters())
+        params.update(dict(self.model.named_buffers()))
+        unknown = sorted(set(named_tensors) - set(params))
+        if unknown:
+            raise ValueError(f"unknown parameter names: {', '.join(unknown[:5])}")
+        with torch.no_grad():
+            for name, tensor in named_tensors.items():
+                target = params[name]
+                if tuple(target.shape) != tuple(tensor.shape):
+                    raise ValueError(f"{name}: shape {tuple(tensor.shape)} does not match {tuple(target.shape)}")
+                target.copy_(tensor.to(dtype=target.dtype, device=target.device))
+        self.weights_version += 1
+
+    def parameter_specs(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        return {name: (tuple(p.shape), p.dtype) for name, p in self.model.named_parameters()}
+
+    # --- generation ---------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        if not prompts or any(not p for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        self._abort.clear()
+        generator = torch.Generator(device="cpu")
+        generator.manual_seed(params.seed if params.seed is not None else torch.seed())
+        jobs = [(i, prompt) for i, prompt in enumerate(prompts) for _ in range(params.n)]
+        results: list[Completion] = []
+        for start in range(0, len(jobs), self.max_batch_size):
+            results += self._generate_batch(jobs[start:start + self.max_batch_size], params, generator)
+        return results
+
+    def _sample(self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator):
+        logits = logits.float()
+        if params.temperature <= 0:
+            tokens = logits.argmax(dim=-1)
+            return tokens, torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None])[:, 0]
+        scaled = logits / params.temperature
+        logprobs = torch.log_softmax(scaled, dim=-1)
+        probs = logprobs.exp()
+        if params.top_k is not None and params.top_k < probs.shape[-1]:
+            kth = torch.topk(probs, params.top_k, dim=-1).values[:, -1:]
+            probs = torch.where(probs < kth, torch.zeros_like(probs), probs)
+        if params.top_p < 1.0:
+            sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+            before = sorted_probs.cumsum(dim=-1) - sorted_probs
+            sorted_probs = torch.where(before >= params.top_p, torch.zeros_like(sorted_probs), sorted_probs)
+            probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+        tokens = torch.multinomial(probs.cpu(), 1, generator=generator)[:, 0].to(logits.device)
+        return tokens, logprobs.gather(-1, tokens[:, None])[:, 0]
+
+    def _generate_batch(self, jobs, params: SamplingParams, generator: torch.Generator) -> list[Completion]:
+        batch = len(jobs)
+        width = max(len(p) for _, p in jobs)
+        input_ids = torch.full((batch, width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((batch, width), dtype=torch.long)
+        for row, (_, prompt) in enumerate(jobs):  # left padding keeps every row's last token aligned
+            input_ids[row, width - len(prompt):] = torch.tensor(prompt)
+            mask[row, width - len(prompt):] = 1
+        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        cache, logits = out.past_key_values, out.logits[:, -1]
+        next_position = positions[:, -1] + 1
+
+        tokens: list[list[int]] = [[] for _ in range(batch)]
+        logprobs: list[list[float]] = [[] for _ in range(batch)]
+        reasons: list[str | None] = [None] * batch
+        stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_token_ids)
+        for _ in range(params.max_tokens):
+            self._running.wait()
+            if self._abort.is_set():
+                reasons = [r or "abort" for r in reasons]
+                break
+            chosen, chosen_logprobs = self._sample(logits, params, generator)
+            for row in range(batch):
+                if reasons[row] is not None:
+                    continue
+                token = int(chosen[row])
+                tokens[row].append(token)
+                logprobs[row].append(float(chosen_logprobs[row]))
+                if token in stop_ids or (params.stop and self._hits_stop_string(tokens[row], params.stop)):
+                    reasons[row] = "stop"
+            if all(r is not None for r in reasons):
+                break
+            feed = torch.tensor([t[-1] if reasons[r] is None else self.pad_token_id for r, t in enumerate(tokens)],
+                                device=self.device)
+            mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=self.device)], dim=1)
+            out = self.model(input_ids=feed[:, None], attention_mask=mask, position_ids=next_position[:, None],
+                             past_key_values=cache, use_cache=True)
+            cache, logits = out.past_key_values, out.logits[:, -1]
+            next_position = next_position + 1
+        return [Completion(jobs[row][0], tokens[row], logprobs[row], reasons[row] or "length") for row in range(batch)]
+
+    def _hits_stop_string(self, generated: list[int], stops: list[str]) -> bool:
+        tail = self.tokenizer.decode(generated[-16:], skip_special_tokens=False)
+        return any(stop in tail for stop in stops)

@@ -1,0 +1,25 @@
+"""How a generation backend's server process is started (locally here; the Slurm launcher wraps
+the same command in `srun --het-group=1`)."""
+
+from __future__ import annotations
+
+import sys
+
+from dockyard.config.schema import MasterConfig
+
+
+class EmbeddedServer:
+    """dockyard's own HTTP engine (transformers + KV cache), CPU or one GPU."""
+
+    def __init__(self, config: MasterConfig):
+        self.config = config
+
+    def command(self, port: int, host: str = "127.0.0.1", threads: int = 0) -> list[str]:
+        gen = self.config.policy.generation
+        device = gen.embedded_cfg.device
+        if device == "auto":
+            device = "cuda" if self.config.cluster.gpus_per_node > 0 else "cpu"
+        dtype = "fp32" if device == "cpu" else self.config.policy.precision
+        return [sys.executable, "-m", "dockyard.generation.server", "--model", self.config.policy.model_name,
+                "--host", host, "--port", str(port), "--device", device, "--dtype", dtype,
+                "--max-batch-size", str(gen.embedded_cfg.max_batch_size), "--threads", str(threads)]

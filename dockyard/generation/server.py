@@ -1,0 +1,194 @@
+"""The embedded engine as an HTTP server process (FastAPI + uvicorn).
+
+Routes follow the protocols real engines speak: OpenAI-style `/v1/completions` (token-id prompts,
+`n`, sampling parameters, token ids and logprobs back) and SGLang's weight-update and control
+routes (`/init_weights_update_group`, `/update_weights_from_distributed`, `/update_weights_from_disk`,
+`/pause_generation`, `/continue_generation`, `/abort_request`).
+
+    python -m dockyard.generation.server --model models/tiny-llama --port 8000
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import uvicorn
+from fastapi import FastAPI, HTTPException
+from pydantic import BaseModel, Field
+
+from dockyard.distributed import DTYPE_NAMES, weight_sync_group
+from dockyard.generation.engine import Engine, SamplingParams
+
+log = logging.getLogger("dockyard.engine")
+
+
+class CompletionRequest(BaseModel):
+    model: str | None = None
+    prompt: list[list[int]] | list[int] = Field(..., description="token ids: one prompt or a list of prompts")
+    n: int = Field(1, ge=1)
+    max_tokens: int = Field(16, ge=1)
+    temperature: float = Field(1.0, ge=0, allow_inf_nan=False)
+    top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
+    top_k: int | None = Field(None, ge=1)
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    seed: int | None = None
+    logprobs: int | None = None
+
+
+class DiskUpdate(BaseModel):
+    model_path: str
+    load_format: str | None = None
+
+
+class GroupInit(BaseModel):
+    master_address: str
+    master_port: int
+    rank_offset: int = 1
+    world_size: int = 2
+    group_name: str = "weight_sync"
+    backend: str = "gloo"
+
+
+class DistributedUpdate(BaseModel):
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    group_name: str = "weight_sync"
+    flush_cache: bool = True
+
+
+def build_app(engine: Engine, model_name: str) -> FastAPI:
+    app = FastAPI(title="dockyard embedded engine")
+    lock = threading.Lock()  # one generation or weight update at a time
+    groups: dict[str, Any] = {}
+
+    @app.get("/health")
+    def health() -> dict:
+        return {"status": "ok", "paused": engine.paused}
+
+    @app.get("/get_model_info")
+    def model_info() -> dict:
+        return {"model_path": model_name, "weights_version": engine.weights_version}
+
+    @app.post("/v1/completions")
+    def completions(request: CompletionRequest) -> dict:
+        prompts = request.prompt if request.prompt and isinstance(request.prompt[0], list) else [request.prompt]
+        stops = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+        params = SamplingParams(n=request.n, max_tokens=request.max_tokens, temperature=request.temperature,
+                                top_p=request.top_p, top_k=request.top_k, stop=stops,
+                                stop_token_ids=list(request.stop_token_ids or []), ignore_eos=request.ignore_eos,
+                                seed=request.seed)
+        started = time.perf_counter()
+        with lock:
+            try:
+                completions = engine.generate(prompts, params)
+            except ValueError as err:
+                raise HTTPException(status_code=400, detail=str(err)) from None
+        elapsed = time.perf_counter() - started
+        generated = sum(len(c.token_ids) for c in completions)
+        return {
+            "id": f"cmpl-{time.time_ns()}", "object": "text_completion", "created": int(time.time()),
+            "model": model_name, "weights_version": engine.weights_version,
+            "choices": [{"index": i, "prompt_index": c.prompt_index, "token_ids": c.token_ids,
+                         "text": engine.tokenizer.decode(c.token_ids, skip_special_tokens=True),
+                         "logprobs": {"token_logprobs": c.logprobs}, "finish_reason": c.finish_reason}
+                        for i, c in enumerate(completions)],
+            "usage": {"prompt_tokens": sum(len(p) for p in prompts) * request.n, "completion_tokens": generated,
+                      "generation_seconds": elapsed},
+        }
+
+    @app.post("/update_weights_from_disk")
+    def update_from_disk(request: DiskUpdate) -> dict:
+        from safetensors.torch import load_file
+
+        files = sorted(Path(request.model_path).glob("*.safetensors"))
+        if not files:
+            return {"success": False, "message": f"no .safetensors files in {request.model_path}"}
+        tensors: dict[str, torch.Tensor] = {}
+        for file in files:
+            tensors.update(load_file(str(file)))
+        with lock:
+            try:
+                engine.load_weights(tensors)
+            except ValueError as err:
+                return {"success": False, "message": str(err)}
+        return {"success": True, "message": f"loaded {len(tensors)} tensors", "weights_version": engine.weights_version}
+
+    @app.post("/init_weights_update_group")
+    def init_group(request: GroupInit) -> dict:
+        try:
+            groups[request.group_name] = weight_sync_group(
+                request.master_address, request.master_port, request.rank_offset, request.world_size,
+                request.group_name, request.backend)
+        except Exception as err:  # a peer that never joins surfaces here as a timeout
+            return {"success": False, "message": f"{type(err).__name__}: {err}"}
+        return {"success": True, "message": f"joined {request.group_name} as rank {request.rank_offset}"}
+
+    @app.post("/update_weights_from_distributed")
+    def update_from_distributed(request: DistributedUpdate) -> dict:
+        group = groups.get(request.group_name)
+        if group is None:
+            return {"success": False, "message": f"no weight update group {request.group_name!r}; "
+                    "call /init_weights_update_group first"}
+        if not len(request.names) == len(request.dtypes) == len(request.shapes):
+            return {"success": False, "message": "names, dtypes and shapes must have the same length"}
+        with lock:
+            tensors = {}
+            for name, dtype, shape in zip(request.names, request.dtypes, request.shapes):
+                tensor = torch.empty(shape, dtype=DTYPE_NAMES[dtype])
+                group.broadcast(tensor, 0).wait()
+                tensors[name] = tensor
+            try:
+                engine.load_weights(tensors)
+            except ValueError as err:
+                return {"success": False, "message": str(err)}
+        return {"success": True, "message": f"updated {len(tensors)} tensors", "weights_version": engine.weights_version}
+
+    @app.post("/pause_generation")
+    def pause() -> dict:
+        engine.pause()
+        return {"success": True}
+
+    @app.post("/continue_generation")
+    def resume() -> dict:
+        engine.resume()
+        return {"success": True}
+
+    @app.post("/abort_request")
+    def abort() -> dict:
+        engine.abort()
+        return {"success": True}
+
+    return app
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description="dockyard embedded generation server")
+    parser.add_argument("--model", required=True, help="local transformers folder")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
+    parser.add_argument("--max-batch-size", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s engine %(levelname)s %(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from dockyard.models import DTYPES
+
+    engine = Engine(args.model, device=args.device, dtype=DTYPES[args.dtype], max_batch_size=args.max_batch_size)
+    log.info("model %s loaded; serving on %s:%d", args.model, args.host, args.port)
+    uvicorn.run(build_app(engine, args.model), host=args.host, port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""Checkpoints: complete or absent.
+
+Layout under `checkpointing.checkpoint_dir`:
+
+    step_4/                          one complete checkpoint
+      dcp/                           torch.distributed.checkpoint: model + optimizer shards
+      rng_rank<r>.pt                 each rank's RNG states
+      trainer_state.json             step, scheduler, data position, metric
+    latest_checkpointed_iteration.txt   "4": the newest complete checkpoint
+
+A save writes `step_N.tmp/`, fsyncs every file, renames it to `step_N` and only then rewrites the
+pointer (itself via a temporary file and rename). A crash at any moment leaves the previous
+checkpoint and a pointer to a complete one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from dockyard.config.schema.checkpointing import CheckpointingConfig
+
+POINTER = "latest_checkpointed_iteration.txt"
+
+
+def _fsync_tree(folder: Path) -> None:
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+    for path in [folder, *sorted(p for p in folder.rglob("*") if p.is_dir())]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def rng_state() -> dict[str, Any]:
+    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+class CheckpointManager:
+    def __init__(self, config: CheckpointingConfig, rank: int):
+        self.config, self.rank = config, rank
+        self.root = Path(config.checkpoint_dir)
+
+    # --- reading ------------------------------------------------------------------------------
+
+    def latest(self) -> Path | None:
+        """The checkpoint to resume from: resume_from (a path) or the pointer's, when complete."""
+        if self.config.resume_from is None:
+            return None
+        if self.config.resume_from != "auto":
+            path = Path(self.config.resume_from)
+            if not (path / "trainer_state.json").is_file():
+                raise FileNotFoundError(f"checkpointing.resume_from: {path} is not a complete dockyard checkpoint "
+                                        "(no trainer_state.json)")
+            return path
+        pointer = self.root / POINTER
+        if not pointer.is_file():
+            return None
+        step = pointer.read_text().strip()
+        path = self.root / f"step_{step}"
+        if not (path / "trainer_state.json").is_file():
+            raise FileNotFoundError(f"{pointer} names step {step}, but {path} is not a complete checkpoint")
+        return path
+
+    def load(self, path: Path, model: torch.nn.Module, optimizer, scheduler) -> dict[str, Any]:
+        model_state, optim_state = get_state_dict(model, optimizer)
+        state = {"model": model_state, "optim": optim_state}
+        dcp.load(state, checkpoint_id=str(path / "dcp"))
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        trainer_state = json.loads((path / "trainer_state.json").read_text())
+        if scheduler is not None:
+            scheduler.load_state_dict(trainer_state["scheduler"])
+        rng_file = path / f"rng_rank{self.rank}.pt"
+        if rng_file.is_file():
+            set_rng_state(torch.load(rng_file, weights_only=False))
+        return trainer_state
+
+    # --- writing ------------------------------------------------------------------------------
+
+    def save(self, step: int, model: torch.nn.Module, optimizer, scheduler, trainer_state: dict[str, Any]) -> Path:
+        final = self.root / f"step_{step}"
+        tmp = self.root / f"step_{step}.tmp"
+        if self.rank == 0:
+            self.root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)  # leftovers of a save that was killed
+        _barrier()
+        model_state, optim_state = get_state_dict(model, optimizer)
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp / "dcp"))
+        torch.save(rng_state(), tmp / f"rng_rank{self.rank}.pt")
+        _barrier()
+        if self.rank == 0:
+            state = dict(trainer_state, step=step, scheduler=scheduler.state_dict() if scheduler else None)
+            (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2, default=float))
+            _fsync_tree(tmp)
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            _write_atomic(self.root / POINTER, f"{step}\n")
+            self._apply_retention(step)
+        _barrier()
+        return final
+
+    def _apply_retention(self, newest: int) -> None:
+        steps = sorted(int(p.name.removeprefix("step_")) for p in self.root.glob("step_*")
+                       if p.is_dir() and p.name.removeprefix("step_").isdigit())
+        if not self.config.keep_last and self.config.keep_top_k is None:
+            return  # keep every checkpoint
+        keep = set(steps[-self.config.keep_last:]) if self.config.keep_last else set()
+        keep.add(newest)
+        if self.config.keep_top_k is not None and self.config.metric_name:
+            scored = []
+            for step in steps:
+                state = json.loads((self.root / f"step_{step}" / "trainer_state.json").read_text())
+                value = state.get("metrics", {}).get(self.config.metric_name)
+                if value is not None:
+                    scored.append((value, step))
+            scored.sort(reverse=self.config.higher_is_better)
+            keep |= {step for _, step in scored[:self.config.keep_top_k]}
+        for step in steps:
+            if step not in keep:
+                shutil.rmtree(self.root / f"step_{step}", ignore_errors=True)

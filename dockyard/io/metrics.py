@@ -1,0 +1,80 @@
+"""Step metrics: TensorBoard scalars, a JSON-lines file, and the console (a progress bar with ETA
+and a one-line summary per step)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+
+class TensorBoardWriter:
+    """TensorBoard event files under logger.log_dir."""
+
+    def __init__(self, log_dir: str | Path):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(log_dir))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for name, value in metrics.items():
+            self.writer.add_scalar(name, value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class JsonlWriter:
+    def __init__(self, path: Path):
+        self.path = path
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
+
+    def close(self) -> None:
+        pass
+
+
+class ConsoleProgress:
+    """A bar over the run's steps (with ETA) and one summary line per step."""
+
+    KEYS = (("reward/mean", "reward"), ("accuracy", "acc"), ("train/loss", "loss"), ("train/kl_ref", "kl"),
+            ("train/entropy", "ent"), ("train/clip_fraction", "clip"), ("val/accuracy", "val_acc"),
+            ("time/step", "s"))
+
+    def __init__(self, total_steps: int, start_step: int):
+        self.bar = tqdm(total=total_steps, initial=start_step, desc="grpo", unit="step", file=sys.stderr,
+                        dynamic_ncols=True, leave=True)
+
+    def step(self, step: int, metrics: dict[str, float]) -> None:
+        parts = [f"{short} {metrics[key]:.4g}" for key, short in self.KEYS if key in metrics]
+        self.bar.write(f"step {step}: " + "  ".join(parts))
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+class MetricsLogger:
+    def __init__(self, log_dir: str | Path, tensorboard: bool, total_steps: int, start_step: int):
+        log_dir = Path(log_dir)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.sinks = [JsonlWriter(log_dir / "metrics.jsonl")]
+        if tensorboard:
+            self.sinks.append(TensorBoardWriter(log_dir / "tensorboard"))
+        self.console = ConsoleProgress(total_steps, start_step)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for sink in self.sinks:
+            sink.log(step, metrics)
+        self.console.step(step, metrics)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+        self.console.close()

@@ -1,0 +1,291 @@
+"""The GRPO loop, run by every trainer rank; rank 0 drives generation and scoring.
+
+One step, phase by phase (each timed):
+
+    refit -> generate -> reward -> logprobs -> advantages -> train -> checkpoint
+
+Token in, token out: the trainer trains on the exact token ids the engine sampled.
+
+    python -m dockyard.loop.grpo     # started by `dockyard run` or a Slurm job, never by hand
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import yaml
+
+from dockyard import registry
+from dockyard.config.schema import MasterConfig
+from dockyard.data.datasets import (DatasetError, Prompt, PromptLoader, build_messages, load_prompts,
+                                    prompt_token_ids)
+from dockyard.distributed import WorldInfo, init_trainer_world
+from dockyard.generation.client import EngineClient, GenerationServerError, WeightBroadcaster
+from dockyard.generation.engine import SamplingParams
+from dockyard.io.checkpoint import CheckpointManager
+from dockyard.models import load_tokenizer
+from dockyard.policy.dtensor import Sample
+
+
+class PhaseTimer:
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+
+def _split(total: int, weights: list[float], shares: list[int | None]) -> list[int]:
+    """Prompts per dataset per step: explicit shares, else proportional to weight."""
+    if all(s is not None for s in shares):
+        return [int(s) for s in shares]
+    raw = [total * w / sum(weights) for w in weights]
+    counts = [int(r) for r in raw]
+    for index in sorted(range(len(raw)), key=lambda i: raw[i] - counts[i], reverse=True)[:total - sum(counts)]:
+        counts[index] += 1
+    return counts
+
+
+class GRPOTrainer:
+    def __init__(self, cfg: MasterConfig, world: WorldInfo, device: torch.device, engine_url: str,
+                 engine_log: str | None, weight_sync_port: int):
+        self.cfg, self.world, self.device = cfg, world, device
+        grpo = cfg.grpo
+        self.group_size = grpo.num_generations_per_prompt
+        rollouts = grpo.num_prompts_per_step * self.group_size
+        self.mini_batch = cfg.policy.train_global_batch_size
+        self.num_mini_batches = rollouts // self.mini_batch
+        total_optimizer_steps = grpo.max_num_steps * self.num_mini_batches * cfg.loss_fn.ppo_epochs
+        self.policy = registry.build("policy_backend", cfg.policy.backend, config=cfg, world=world, device=device,
+                                     total_optimizer_steps=total_optimizer_steps)
+        self.reference = None
+        if cfg.loss_fn.reference_policy_kl_penalty > 0:
+            self.reference = registry.build("policy_backend", cfg.policy.backend, config=cfg, world=world,
+                                            device=device, total_optimizer_steps=0,
+                                            model_path=cfg.loss_fn.reference_model.hf_path, trainable=False)
+        adv = cfg.grpo.adv_estimator
+        self.estimator = registry.build("advantage_estimator", adv.name, norm_mode=adv.norm_mode,
+                                        epsilon=adv.epsilon, **(adv.model_extra or {}))
+        self.loss_fn = registry.build("loss", cfg.loss_fn.name, config=cfg.loss_fn)
+        self.checkpoints = CheckpointManager(cfg.checkpointing, world.rank)
+        self.timer = PhaseTimer()
+        if world.is_main:
+            self.env = registry.build("environment", cfg.env.name, config=cfg.env)
+            self.tokenizer = load_tokenizer(cfg.policy.tokenizer_name or cfg.policy.model_name)
+            self.loaders = [PromptLoader(load_prompts(d), d.shuffle, cfg.policy.seed) for d in cfg.data.datasets]
+            self.shares = _split(grpo.num_prompts_per_step, [d.weight for d in cfg.data.datasets],
+                                 [d.num_prompts_per_step for d in cfg.data.datasets])
+            self.validation = load_prompts(cfg.data.validation) if cfg.data.validation else []
+            if grpo.max_val_samples:
+                self.validation = self.validation[:grpo.max_val_samples]
+            self.client = EngineClient(engine_url, name="generation server (embedded engine)", log_path=engine_log)
+            self.broadcaster = WeightBroadcaster(self.client, "127.0.0.1", weight_sync_port)
+            chat = cfg.policy.generation.chat_template
+            self.chat_template = Path(chat.path).read_text() if chat.path else None
+        self.engine_is_current = False
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    def _prompt_ids(self, prompt: Prompt) -> list[int]:
+        messages = build_messages(prompt, self.cfg.data.add_system_prompt, getattr(self.env, "instruction", None))
+        return prompt_token_ids(self.tokenizer, messages, self.chat_template,
+                                self.cfg.policy.generation.chat_template.generation_prompt_kwargs)
+
+    def _sampling(self, prompt_lengths: list[int], n: int, temperature: float, seed: int) -> SamplingParams:
+        gen = self.cfg.policy.generation
+        room = self.cfg.policy.max_total_sequence_length - max(prompt_lengths)
+        if room < 1:
+            raise DatasetError(f"a prompt of {max(prompt_lengths)} tokens leaves no room to generate within "
+                               f"policy.max_total_sequence_length ({self.cfg.policy.max_total_sequence_length}); "
+                               "lower data.datasets[].max_prompt_chars")
+        max_tokens = min(room, gen.max_new_tokens) if gen.max_new_tokens else room
+        return SamplingParams(n=n, max_tokens=max_tokens, temperature=temperature, top_p=gen.top_p, top_k=gen.top_k,
+                              stop=list(gen.stop_strings), stop_token_ids=list(gen.stop_token_ids),
+                              ignore_eos=gen.ignore_eos, seed=seed)
+
+    def _broadcast(self, payload):
+        if self.world.world_size == 1:
+            return payload
+        box = [payload]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    # --- phases -------------------------------------------------------------------------------
+
+    def refit(self) -> None:
+        """Push the current weights to the engine (every rank takes part in gathering them)."""
+        if self.engine_is_current:
+            return
+        weights = self.policy.full_state_dict()
+        if self.world.is_main:
+            self.broadcaster.push(weights.items())
+        self.engine_is_current = True
+
+    def generate_and_score(self, step: int) -> tuple[list[Sample], list[float], dict[str, float]]:
+        prompts = [p for loader, share in zip(self.loaders, self.shares) for p in loader.take(share)]
+        with self.timer("generate"):
+            prompt_ids = [self._prompt_ids(p) for p in prompts]
+            params = self._sampling([len(p) for p in prompt_ids], self.group_size,
+                                    self.cfg.policy.generation.temperature, self.cfg.policy.seed * 1_000_003 + step)
+            completions = self.client.generate(prompt_ids, params)
+        with self.timer("reward"):
+            samples, rewards, lengths = [], [], []
+            for completion in completions:
+                text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+                rewards.append(self.env.score(text, prompts[completion.prompt_index]))
+                ids = prompt_ids[completion.prompt_index]
+                samples.append(Sample(token_ids=ids + completion.token_ids, prompt_length=len(ids)))
+                lengths.append(len(completion.token_ids))
+        reward_tensor = torch.tensor(rewards)
+        generated = sum(lengths)
+        metrics = {"reward/mean": float(reward_tensor.mean()), "reward/std": float(reward_tensor.std()),
+                   "accuracy": float((reward_tensor >= 1.0).float().mean()),
+                   "gen/mean_response_tokens": generated / len(lengths),
+                   "gen/truncated_fraction": sum(c.finish_reason == "length" for c in completions) / len(completions),
+                   "gen/tokens_per_s": generated / max(self.timer.seconds.get("generate", 0.0), 1e-9)}
+        return samples, rewards, metrics
+
+    def validate(self) -> dict[str, float]:
+        """Greedy accuracy on the validation split (engine weights refreshed first)."""
+        self.refit()
+        if not self.world.is_main:
+            return {}
+        prompt_ids = [self._prompt_ids(p) for p in self.validation]
+        params = self._sampling([len(p) for p in prompt_ids], 1, 0.0, 0)
+        completions = self.client.generate(prompt_ids, params)
+        rewards = [self.env.score(self.tokenizer.decode(c.token_ids, skip_special_tokens=True),
+                                  self.validation[c.prompt_index]) for c in completions]
+        return {"val/accuracy": sum(r >= 1.0 for r in rewards) / len(rewards), "val/reward": sum(rewards) / len(rewards)}
+
+    def train_step(self, step: int) -> dict[str, float]:
+        self.timer.seconds = {}
+        started = time.perf_counter()
+        with self.timer("refit"):
+            self.refit()
+        payload = self.generate_and_score(step) if self.world.is_main else None
+        samples, rewards, metrics = self._broadcast(payload)
+        # Mini-batch j is rollouts [jM, (j+1)M); each rank trains on every world_size-th of them.
+        mini_batches = [samples[j * self.mini_batch:(j + 1) * self.mini_batch][self.world.rank::self.world.world_size]
+                        for j in range(self.num_mini_batches)]
+        local = [s for mb in mini_batches for s in mb]
+        with self.timer("logprobs"):
+            old = self.policy.logprobs(local)
+            ref = self.reference.logprobs(local) if self.reference is not None else None
+        with self.timer("advantages"):
+            advantages = self.estimator(torch.tensor(rewards), [self.group_size] * (len(rewards) // self.group_size))
+            by_identity = {id(s): float(a) for s, a in zip(samples, advantages)}
+            for sample in local:
+                sample.advantage = by_identity[id(sample)]
+        with self.timer("train"):
+            train_metrics: dict[str, float] = {}
+            for _ in range(self.cfg.loss_fn.ppo_epochs):
+                offset = 0
+                for mb in mini_batches:
+                    span = slice(offset, offset + len(mb))
+                    result = self.policy.train_mini_batch(mb, old[span], ref[span] if ref else None, self.loss_fn)
+                    offset += len(mb)
+                    for key, value in result.items():
+                        train_metrics[key] = train_metrics.get(key, 0.0) + value / (
+                            self.num_mini_batches * self.cfg.loss_fn.ppo_epochs)
+            self.engine_is_current = False
+        interval = self.cfg.loss_fn.reference_model.update_interval
+        if self.reference is not None and interval > 0 and step % interval == 0:
+            self.reference.copy_weights_from(self.policy)
+        metrics.update({f"train/{k}": v for k, v in train_metrics.items()})
+        phases = dict(self.timer.seconds)
+        elapsed = time.perf_counter() - started
+        metrics["train/tokens_per_s"] = sum(len(s.token_ids) for s in samples) / elapsed
+        return metrics | {f"time/{name}": seconds for name, seconds in phases.items()}
+
+    # --- run ----------------------------------------------------------------------------------
+
+    def _trainer_state(self, metrics: dict[str, float]) -> dict:
+        return {"loaders": [loader.state_dict() for loader in self.loaders] if self.world.is_main else None,
+                "metrics": metrics}
+
+    def resume(self) -> int:
+        path = self.checkpoints.latest()
+        if path is None:
+            return 0
+        state = self.checkpoints.load(path, self.policy.model, self.policy.optimizer, self.policy.scheduler)
+        if self.world.is_main:
+            for loader, loader_state in zip(self.loaders, state["loaders"]):
+                loader.load_state_dict(loader_state)
+            print(f"resumed from {path} (step {state['step']})", file=sys.stderr, flush=True)
+        return int(state["step"])
+
+    def run(self) -> None:
+        from dockyard.io.metrics import MetricsLogger
+
+        cfg = self.cfg
+        start = self.resume()
+        logger = MetricsLogger(cfg.logger.log_dir, cfg.logger.tensorboard_enabled, cfg.grpo.max_num_steps, start) \
+            if self.world.is_main else None
+        if cfg.grpo.val_at_start and start == 0 and cfg.data.validation is not None:
+            val = self.validate()
+            if logger:
+                logger.sinks[0].log(0, val)
+        for step in range(start + 1, cfg.grpo.max_num_steps + 1):
+            step_started = time.perf_counter()
+            metrics = self.train_step(step)
+            if cfg.grpo.val_period and step % cfg.grpo.val_period == 0 and cfg.data.validation is not None:
+                with self.timer("validate"):
+                    metrics.update(self.validate())
+                metrics["time/validate"] = self.timer.seconds["validate"]
+            last = step == cfg.grpo.max_num_steps
+            ckpt = cfg.checkpointing
+            if ckpt.enabled and ((ckpt.save_period > 0 and step % ckpt.save_period == 0) or last):
+                with self.timer("checkpoint"):
+                    self.checkpoints.save(step, self.policy.model, self.policy.optimizer, self.policy.scheduler,
+                                          self._trainer_state({k: v for k, v in metrics.items()
+                                                               if isinstance(v, float)}))
+                metrics["time/checkpoint"] = self.timer.seconds["checkpoint"]
+            if logger:
+                total = time.perf_counter() - step_started
+                phases = sum(v for k, v in metrics.items() if k.startswith("time/"))
+                metrics["time/step"] = total
+                metrics["time/overhead_fraction"] = max(0.0, total - phases) / total
+                logger.log(step, metrics)
+        if logger:
+            logger.close()
+
+
+def main() -> int:
+    config_path = os.environ["DOCKYARD_CONFIG"]
+    cfg = MasterConfig.model_validate(yaml.safe_load(Path(config_path).read_text()))
+    threads = int(os.environ.get("DOCKYARD_THREADS", "0"))
+    if threads:
+        torch.set_num_threads(threads)
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cfg.cluster.gpus_per_node > 0 \
+        else torch.device("cpu")
+    torch.manual_seed(cfg.policy.seed)
+    world = init_trainer_world(device, timeout_s=float(os.environ.get("DOCKYARD_COLLECTIVE_TIMEOUT_S", 1800)))
+    try:
+        trainer = GRPOTrainer(cfg, world, device, os.environ["DOCKYARD_ENGINE_URL"],
+                              os.environ.get("DOCKYARD_ENGINE_LOG"), int(os.environ["DOCKYARD_WEIGHT_SYNC_PORT"]))
+        trainer.run()
+    except GenerationServerError as err:
+        print(f"dockyard: {err}", file=sys.stderr, flush=True)
+        return 3
+    except DatasetError as err:
+        print(f"dockyard: data error: {err}", file=sys.stderr, flush=True)
+        return 2
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

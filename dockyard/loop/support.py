@@ -1,0 +1,78 @@
+"""What the local GRPO loop runs in this version. A config may validate (the schema knows the
+whole menu) yet ask for something not built yet; it is refused here, by name, before any process
+starts, instead of being ignored."""
+
+from __future__ import annotations
+
+from dockyard import registry
+from dockyard.config.errors import Problem
+from dockyard.config.schema import MasterConfig
+
+
+def _components(cfg: MasterConfig) -> list[tuple[str, str, str | None]]:
+    return [
+        ("policy.backend", "policy_backend", cfg.policy.backend),
+        ("policy.generation.backend", "generation_backend", cfg.policy.generation.backend),
+        ("env.name", "environment", cfg.env.name),
+        ("env.agent", "agent", cfg.env.agent),
+        ("env.sandbox.type", "sandbox", cfg.env.sandbox.type if cfg.env.sandbox else None),
+        ("grpo.adv_estimator.name", "advantage_estimator", cfg.grpo.adv_estimator.name),
+        ("loss_fn.name", "loss", cfg.loss_fn.name),
+    ]
+
+
+def _features(cfg: MasterConfig) -> list[tuple[str, bool]]:
+    loss, grpo, logger = cfg.loss_fn, cfg.grpo, cfg.logger
+    return [
+        ("loss_fn.is_correction.enabled", loss.is_correction.enabled),
+        ("loss_fn.opsm.enabled", loss.opsm.enabled),
+        ("loss_fn.m2po.enabled", loss.m2po.enabled),
+        ("loss_fn.use_rollout_logprobs", loss.use_rollout_logprobs),
+        ("loss_fn.kl_in_reward", loss.kl_in_reward),
+        ("loss_fn.reference_model.checkpoint_path", loss.reference_model.checkpoint_path is not None),
+        ("grpo.async_grpo.enabled", grpo.async_grpo.enabled),
+        ("grpo.sampler.dynamic_sampling", grpo.sampler.dynamic_sampling),
+        ("grpo.sampler.num_oversample", grpo.sampler.num_oversample > 0),
+        ("grpo.filters.identical_reward", grpo.filters.identical_reward),
+        ("grpo.reward_scaling.enabled", grpo.reward_scaling.enabled),
+        ("grpo.reward_shaping.enabled", grpo.reward_shaping.enabled),
+        ("grpo.skip_prev_logprobs", grpo.skip_prev_logprobs),
+        ("grpo.max_rollout_turns", grpo.max_rollout_turns > 1),
+        ("grpo.run_mode", grpo.run_mode != "default"),
+        ("policy.lora.enabled", cfg.policy.lora.enabled),
+        ("policy.dtensor_cfg.tensor_parallel_size", cfg.policy.dtensor_cfg.tensor_parallel_size > 1),
+        ("policy.dtensor_cfg.context_parallel_size", cfg.policy.dtensor_cfg.context_parallel_size > 1),
+        ("policy.generation.allow_multimodal_inputs", cfg.policy.generation.allow_multimodal_inputs),
+        ("sft", cfg.sft is not None),
+        ("on_policy_distillation", cfg.on_policy_distillation is not None),
+        ("data_plane", cfg.data_plane is not None),
+        ("logger.wandb_enabled", logger.wandb_enabled),
+        ("logger.mlflow_enabled", logger.mlflow_enabled),
+        ("logger.swanlab_enabled", logger.swanlab_enabled),
+    ]
+
+
+def unsupported(cfg: MasterConfig) -> list[Problem]:
+    problems = []
+    for path, kind, name in _components(cfg):
+        if name is not None and not registry.get(kind, name).available:
+            problems.append(Problem(path, f"{kind} {name!r} is not available in this version of dockyard "
+                                    "(see `dockyard list`)"))
+    for path, requested in _features(cfg):
+        if requested:
+            problems.append(Problem(path, "not supported by the GRPO loop in this version; turn it off"))
+    return problems
+
+
+def local_shape(cfg: MasterConfig) -> list[Problem]:
+    """`dockyard run` is one machine: one node, one engine process."""
+    import torch
+
+    problems = []
+    if cfg.cluster.num_nodes != 1:
+        problems.append(Problem("cluster.num_nodes", f"dockyard run uses this machine only; got "
+                                f"{cfg.cluster.num_nodes} nodes (set cluster.num_nodes=1, or use dockyard-submit)"))
+    if cfg.cluster.gpus_per_node > 0 and not torch.cuda.is_available():
+        problems.append(Problem("cluster.gpus_per_node", f"{cfg.cluster.gpus_per_node} GPUs requested but CUDA is "
+                                "not available here; set cluster.gpus_per_node=0 to run on CPU"))
+    return problems

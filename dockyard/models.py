@@ -1,0 +1,48 @@
+"""Loading models and tokenizers from local folders only (no hub access at run time)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class ModelNotFoundError(FileNotFoundError):
+    pass
+
+
+def model_folder(path: str | Path) -> Path:
+    folder = Path(path).expanduser()
+    if not (folder / "config.json").is_file():
+        raise ModelNotFoundError(
+            f"no model folder at {folder} (config.json missing). dockyard never downloads models: build the "
+            "tiny test model with `python tools/make_tiny_model.py`, SmolLM2 with `python tools/smollm2_to_hf.py`, "
+            "or point policy.model_name at a local transformers folder")
+    return folder
+
+
+def _quiet_transformers() -> None:
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+
+
+def load_causal_lm(path: str | Path, dtype: torch.dtype = torch.float32):
+    from transformers import AutoModelForCausalLM
+
+    _quiet_transformers()
+    return AutoModelForCausalLM.from_pretrained(model_folder(path), dtype=dtype)
+
+
+def load_tokenizer(path: str | Path):
+    from transformers import AutoTokenizer
+
+    _quiet_transformers()
+    return AutoTokenizer.from_pretrained(model_folder(path))

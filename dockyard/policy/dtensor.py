@@ -1,0 +1,225 @@
+"""`dtensor` policy backend: a transformers causal LM sharded with FSDP2 (`fully_shard`) over the
+trainer world (gloo on CPU, NCCL on GPU). It computes logprobs, takes optimizer steps and exports
+full weights for the generation servers."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from dockyard.algorithms.losses import LossInputs, aggregate
+from dockyard.config.schema import MasterConfig
+from dockyard.distributed import WorldInfo
+from dockyard.models import DTYPES, load_causal_lm
+
+
+@dataclass
+class Sample:
+    """One trajectory as the trainer sees it: the exact token ids that were sampled."""
+
+    token_ids: list[int]          # prompt + response
+    prompt_length: int
+    advantage: float = 0.0
+    loss_mask: list[int] | None = None  # per response token; None = all 1
+
+    @property
+    def response_length(self) -> int:
+        return len(self.token_ids) - self.prompt_length
+
+    def target_mask(self) -> torch.Tensor:
+        """Mask over positions 1..L-1 (the tokens a forward pass predicts): response tokens only."""
+        mask = torch.zeros(len(self.token_ids) - 1)
+        response = torch.tensor(self.loss_mask, dtype=torch.float) if self.loss_mask is not None \
+            else torch.ones(self.response_length)
+        mask[self.prompt_length - 1:] = response
+        return mask
+
+
+def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    inner = getattr(model, "model", model)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__}: cannot find its decoder layers (model.model.layers) to shard")
+    return list(layers)
+
+
+def lr_factor(step: int, warmup: int, total: int, shape: str, min_ratio: float) -> float:
+    """LR multiplier after `step` optimizer steps: linear warmup, then constant / linear / cosine."""
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    if shape == "constant" or total <= warmup:
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    if shape == "linear":
+        return 1.0 - (1.0 - min_ratio) * progress
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class DTensorPolicy:
+    """HF transformers model sharded with FSDP2 (fully_shard) over torch.distributed."""
+
+    def __init__(self, config: MasterConfig, world: WorldInfo, device: torch.device, total_optimizer_steps: int,
+                 model_path: str | None = None, trainable: bool = True):
+        self.config, self.world, self.device = config, world, device
+        policy = config.policy
+        self.temperature = policy.generation.temperature or 1.0
+        self.model = load_causal_lm(model_path or policy.model_name, dtype=torch.float32).to(device)
+        if policy.dtensor_cfg.activation_checkpointing and trainable:
+            self.model.gradient_checkpointing_enable()
+        mesh = init_device_mesh(device.type, (world.world_size,))
+        compute = DTYPES[policy.precision]
+        mixed = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32) \
+            if compute != torch.float32 else MixedPrecisionPolicy()
+        for layer in _decoder_layers(self.model):
+            fully_shard(layer, mesh=mesh, mp_policy=mixed)
+        fully_shard(self.model, mesh=mesh, mp_policy=mixed)
+        self.optimizer = self.scheduler = None
+        if trainable:
+            opt = policy.optimizer
+            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=opt.lr, betas=tuple(opt.betas),
+                                               eps=opt.eps, weight_decay=opt.weight_decay)
+            sched = policy.scheduler
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+                self.optimizer, lambda step: lr_factor(step, sched.warmup_steps, total_optimizer_steps,
+                                                       sched.name, sched.min_lr_ratio))
+        else:
+            self.model.requires_grad_(False)
+
+    # --- batching ---------------------------------------------------------------------------
+
+    def _micro_batches(self, samples: list[Sample], micro_size: int) -> list[list[int]]:
+        """Indices per micro-batch; every rank gets the same number (empty ones pad), since each
+        forward is a collective under FSDP."""
+        budget = self.config.policy.dynamic_batching
+        order = list(range(len(samples)))
+        batches: list[list[int]] = []
+        if budget.enabled:
+            current: list[int] = []
+            longest = 0
+            for index in sorted(order, key=lambda i: len(samples[i].token_ids)):
+                length = len(samples[index].token_ids)
+                if current and max(longest, length) * (len(current) + 1) > budget.max_tokens_per_gpu:
+                    batches.append(current)
+                    current, longest = [], 0
+                current.append(index)
+                longest = max(longest, length)
+            if current:
+                batches.append(current)
+        else:
+            batches = [order[i:i + micro_size] for i in range(0, len(order), micro_size)]
+        count = torch.tensor([len(batches)], dtype=torch.long)
+        if self.world.world_size > 1:
+            dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        return batches + [[] for _ in range(int(count) - len(batches))]
+
+    def _forward_logprobs(self, samples: list[Sample], with_entropy: bool):
+        """Token logprobs (and entropy) of positions 1..L-1 for a right-padded micro-batch."""
+        width = max(len(s.token_ids) for s in samples)
+        pad = 0
+        ids = torch.full((len(samples), width), pad, dtype=torch.long)
+        attention = torch.zeros((len(samples), width), dtype=torch.long)
+        for row, sample in enumerate(samples):
+            ids[row, :len(sample.token_ids)] = torch.tensor(sample.token_ids)
+            attention[row, :len(sample.token_ids)] = 1
+        ids, attention = ids.to(self.device), attention.to(self.device)
+        logits = self.model(input_ids=ids, attention_mask=attention, use_cache=False).logits[:, :-1].float()
+        logits = logits / self.temperature
+        log_softmax = torch.log_softmax(logits, dim=-1)
+        logprobs = log_softmax.gather(-1, ids[:, 1:, None])[..., 0]
+        entropy = None
+        if with_entropy:
+            entropy = -(log_softmax.exp() * log_softmax).sum(-1)
+        return logprobs, entropy
+
+    def _dummy(self) -> list[Sample]:
+        return [Sample(token_ids=[0, 0], prompt_length=1)]
+
+    # --- logprobs -----------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def logprobs(self, samples: list[Sample]) -> list[torch.Tensor]:
+        """Per sample, the logprobs of tokens 1..L-1 under the current weights."""
+        policy = self.config.policy
+        micro = policy.logprob_batch_size or policy.train_micro_batch_size
+        out: list[torch.Tensor | None] = [None] * len(samples)
+        for batch in self._micro_batches(samples, micro):
+            chosen = [samples[i] for i in batch] or self._dummy()
+            logprobs, _ = self._forward_logprobs(chosen, with_entropy=False)
+            for row, index in enumerate(batch):
+                out[index] = logprobs[row, :len(samples[index].token_ids) - 1].cpu()
+        return out
+
+    # --- training -----------------------------------------------------------------------------
+
+    def train_mini_batch(self, samples: list[Sample], old_logprobs: list[torch.Tensor],
+                         ref_logprobs: list[torch.Tensor] | None, loss_fn) -> dict[str, float]:
+        """One optimizer step on this rank's share of a mini-batch."""
+        policy, loss_cfg = self.config.policy, self.config.loss_fn
+        masks = [s.target_mask() for s in samples]
+        totals = torch.tensor([float(sum(m.sum() for m in masks)), float(len(samples))], dtype=torch.float64)
+        if self.world.world_size > 1:
+            dist.all_reduce(totals)
+        total_tokens, total_sequences = float(totals[0]), float(totals[1])
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        loss_value = 0.0
+        for batch in self._micro_batches(samples, policy.train_micro_batch_size):
+            chosen = [samples[i] for i in batch] or self._dummy()
+            logprobs, entropy = self._forward_logprobs(chosen, with_entropy=True)
+            if loss_cfg.entropy_coef == 0:
+                entropy = entropy.detach()
+            width = logprobs.shape[1]
+            mask = _stack([masks[i] for i in batch], width) if batch else torch.zeros_like(logprobs)
+            old = _stack([old_logprobs[i] for i in batch], width) if batch else logprobs.detach()
+            adv = torch.tensor([samples[i].advantage for i in batch] or [0.0])[:, None].expand_as(logprobs)
+            ref = _stack([ref_logprobs[i] for i in batch], width) if (batch and ref_logprobs) else None
+            mask, old, adv = mask.to(self.device), old.to(self.device), adv.to(self.device)
+            per_token, metrics = loss_fn(LossInputs(logprobs, old, adv, mask, ref.to(self.device) if ref is not None
+                                                    else None, entropy))
+            share = aggregate(per_token, mask, loss_cfg.loss_agg_mode, total_tokens, total_sequences)
+            # FSDP averages gradients over ranks; scaling by the world size turns that into a sum.
+            (share * self.world.world_size).backward()
+            loss_value += float(share.detach())
+            for name, values in metrics.items():
+                sums[name] = sums.get(name, 0.0) + float((values * mask).sum())
+        max_norm = policy.max_grad_norm if policy.max_grad_norm > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+        self.optimizer.step()
+        self.scheduler.step()
+        reduced = torch.tensor([loss_value] + [sums[k] for k in sorted(sums)], dtype=torch.float64)
+        if self.world.world_size > 1:
+            dist.all_reduce(reduced)
+        result = {"loss": float(reduced[0]), "grad_norm": float(grad_norm), "lr": self.scheduler.get_last_lr()[0]}
+        for index, name in enumerate(sorted(sums), start=1):
+            result[name] = float(reduced[index]) / max(total_tokens, 1.0)
+        return result
+
+    # --- weights ------------------------------------------------------------------------------
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full (unsharded) weights on CPU, on rank 0; every rank must call it (a collective)."""
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def named_parameters_for_export(self) -> Iterator[tuple[str, torch.Tensor]]:
+        yield from self.full_state_dict().items()
+
+    def copy_weights_from(self, other: "DTensorPolicy") -> None:
+        """Moving reference: same sharding on both sides, so a local copy of each shard suffices."""
+        with torch.no_grad():
+            for mine, theirs in zip(self.model.parameters(), other.model.parameters()):
+                mine.copy_(theirs)
+
+
+def _stack(rows: list[torch.Tensor], width: int) -> torch.Tensor:
+    out = torch.zeros((len(rows), width))
+    for index, row in enumerate(rows):
+        out[index, :row.shape[0]] = row
+    return out
