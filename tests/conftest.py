@@ -34,3 +34,32 @@ def write(tmp_path):
         return path
 
     return _write
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """A tiny random Llama with a locally trained tokenizer, built once per test session."""
+    out = tmp_path_factory.mktemp("models") / "tiny-llama"
+    subprocess.run([sys.executable, str(REPO / "tools" / "make_tiny_model.py"), "--out", str(out)], check=True,
+                   capture_output=True, timeout=300)
+    return out
+
+
+@pytest.fixture(scope="module")
+def engine_server(tiny_model, tmp_path_factory):
+    """A real embedded-engine HTTP server process on a free port; yields (url, process)."""
+    from dockyard.distributed import free_port
+    from dockyard.generation.client import EngineClient
+
+    port = free_port()
+    log = tmp_path_factory.mktemp("engine") / "engine.log"
+    with open(log, "w") as handle:
+        process = subprocess.Popen([sys.executable, "-m", "dockyard.generation.server", "--model", str(tiny_model),
+                                    "--port", str(port), "--threads", "1"], stdout=handle, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        EngineClient(url, log_path=log).wait_healthy(120, process)
+        yield url, process
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

@@ -7,6 +7,7 @@ the run ends with a message naming the process and its log file. No hang.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -103,6 +104,9 @@ def run_local(loaded: LoadedConfig) -> int:
             process = subprocess.Popen([sys.executable, "-m", "dockyard.loop.grpo"], env=env, stdout=out,
                                        stderr=subprocess.STDOUT if out else None, start_new_session=True)
             children.append(Child(f"trainer rank {rank}", process, log))
+        (log_dir / "processes.json").write_text(json.dumps(
+            {child.name: {"pid": child.process.pid, "log": str(child.log) if child.log else None}
+             for child in children}, indent=2))
         print(f"dockyard run: {world_size} trainer rank(s) started; logs in {log_dir}", file=sys.stderr, flush=True)
         return _supervise(children)
     except GenerationServerError as err:

@@ -1,0 +1,121 @@
+"""`dockyard run` end to end: 2 trainer ranks over gloo and one engine server process."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+from tests.conftest import REPO
+
+PHASES = ("refit", "generate", "reward", "logprobs", "advantages", "train", "checkpoint")
+
+
+def start_run(workdir: Path, model_dir: Path, *overrides: str) -> subprocess.Popen:
+    workdir.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen([sys.executable, "-m", "dockyard.cli", "run", "--config", "grpo_tiny.yaml",
+                             f"models_dir={model_dir.parent}", *overrides], cwd=workdir,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def run(workdir: Path, model_dir: Path, *overrides: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    process = start_run(workdir, model_dir, *overrides)
+    output, _ = process.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(process.args, process.returncode, output, "")
+
+
+def final_weights(workdir: Path, step: int) -> dict[str, torch.Tensor]:
+    out = workdir / f"weights_{step}.pt"
+    dcp_to_torch_save(workdir / "runs" / "grpo_tiny" / "checkpoints" / f"step_{step}" / "dcp", out)
+    return torch.load(out, weights_only=False)["model"]
+
+
+@pytest.fixture(scope="module")
+def straight_run(tiny_model, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("straight")
+    result = run(workdir, tiny_model, "grpo.max_num_steps=4", "checkpointing.save_period=2")
+    assert result.returncode == 0, result.stdout
+    return workdir, result
+
+
+def test_grpo_tiny_trains_and_writes_tensorboard_metrics_and_a_checkpoint(straight_run, tiny_model):
+    workdir, result = straight_run
+    logs = workdir / "runs" / "grpo_tiny" / "logs"
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(logs / "tensorboard"))
+    events.Reload()
+    scalars = set(events.Tags()["scalars"])
+    for tag in ("reward/mean", "accuracy", "train/loss", "train/entropy", "train/clip_fraction", "train/grad_norm",
+                "train/tokens_per_s", "gen/tokens_per_s", *(f"time/{p}" for p in PHASES)):
+        assert tag in scalars, tag
+    assert [e.step for e in events.Scalars("train/loss")] == [1, 2, 3, 4]
+    lines = [json.loads(line) for line in (logs / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2, 3, 4]
+    assert "step 4:" in result.stdout and "4/4" in result.stdout  # console summary and progress bar
+    checkpoints = workdir / "runs" / "grpo_tiny" / "checkpoints"
+    assert (checkpoints / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
+    assert sorted(p.name for p in checkpoints.glob("step_*")) == ["step_2", "step_4"]
+    weights = final_weights(workdir, 4)
+    initial = load_file(str(tiny_model / "model.safetensors"))
+    assert set(weights) == set(initial)
+    assert any(not torch.equal(weights[k], initial[k]) for k in initial), "training did not change the weights"
+
+
+def test_resume_is_bitwise_exact(straight_run, tiny_model, tmp_path):
+    workdir, _ = straight_run
+    first = run(tmp_path, tiny_model, "grpo.max_num_steps=2")
+    assert first.returncode == 0, first.stdout
+    second = run(tmp_path, tiny_model, "grpo.max_num_steps=4")
+    assert second.returncode == 0, second.stdout
+    assert "resumed from runs/grpo_tiny/checkpoints/step_2 (step 2)" in second.stdout
+    straight, resumed = final_weights(workdir, 4), final_weights(tmp_path, 4)
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+
+
+def _wait_for_steps(logs: Path, count: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        metrics = logs / "metrics.jsonl"
+        if metrics.is_file() and len(metrics.read_text().splitlines()) >= count:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no {count} steps in {timeout} s")
+
+
+@pytest.mark.parametrize("victim,named", [("generation server (embedded engine)", "generation server (embedded engine)"),
+                                          ("trainer rank 1", "trainer rank 1")])
+def test_a_dead_component_ends_the_run_naming_it(tiny_model, tmp_path, victim, named):
+    process = start_run(tmp_path, tiny_model, "grpo.max_num_steps=10000", "checkpointing.enabled=false")
+    logs = tmp_path / "runs" / "grpo_tiny" / "logs"
+    try:
+        _wait_for_steps(logs, 1)
+        pid = json.loads((logs / "processes.json").read_text())[victim]["pid"]
+        killed = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        output, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert time.monotonic() - killed < 60
+    assert process.returncode != 0
+    assert named in output and "exited with status" in output
+    assert "log:" in output
+
+
+def test_unsupported_features_and_missing_model_are_refused_before_starting(tmp_path):
+    result = run(tmp_path, tmp_path / "no-model", "loss_fn.m2po.enabled=true", "policy.backend=megatron",
+                 "+policy.megatron_cfg.bf16=false")
+    assert result.returncode == 2
+    assert "loss_fn.m2po.enabled: not supported by the GRPO loop in this version" in result.stdout
+    assert "policy.backend: policy_backend 'megatron' is not available in this version" in result.stdout
+    assert "policy.model_name: no model folder at" in result.stdout and "make_tiny_model.py" in result.stdout
+    assert "Traceback" not in result.stdout
+    assert not (tmp_path / "runs").exists()
