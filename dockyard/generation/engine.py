@@ -77,8 +77,8 @@ class Engine:
     # --- weights ------------------------------------------------------------------------------
 
     def load_weights(self, named_tensors: dict[str, torch.Tensor]) -> None:
-        params = dict(self.model.named_parameters())
-        params.update(dict(self.model.named_buffers()))
+        # state_dict names include tied aliases (lm_head.weight of a tied embedding) that a trainer sends
+        params = dict(self.model.state_dict(keep_vars=True))
         unknown = sorted(set(named_tensors) - set(params))
         if unknown:
             raise ValueError(f"unknown parameter names: {', '.join(unknown[:5])}")

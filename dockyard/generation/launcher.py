@@ -19,7 +19,7 @@ class EmbeddedServer:
         device = gen.embedded_cfg.device
         if device == "auto":
             device = "cuda" if self.config.cluster.gpus_per_node > 0 else "cpu"
-        dtype = "fp32" if device == "cpu" else self.config.policy.precision
+        dtype = self.config.policy.precision  # bf16 runs on CPUs too (fast where AMX / AVX512-BF16 exist)
         return [sys.executable, "-m", "dockyard.generation.server", "--model", self.config.policy.model_name,
                 "--host", host, "--port", str(port), "--device", device, "--dtype", dtype,
                 "--max-batch-size", str(gen.embedded_cfg.max_batch_size), "--threads", str(threads)]

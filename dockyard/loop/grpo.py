@@ -57,6 +57,13 @@ def _split(total: int, weights: list[float], shares: list[int | None]) -> list[i
     return counts
 
 
+def _without(prompts: list[Prompt], held_out: set[str], name: str) -> list[Prompt]:
+    kept = [p for p in prompts if str(p.input) not in held_out]
+    if not kept:
+        raise DatasetError(f"dataset {name!r}: every row is also a validation prompt")
+    return kept
+
+
 class GRPOTrainer:
     def __init__(self, cfg: MasterConfig, world: WorldInfo, device: torch.device, engine_url: str,
                  engine_log: str | None, weight_sync_port: int):
@@ -83,12 +90,15 @@ class GRPOTrainer:
         if world.is_main:
             self.env = registry.build("environment", cfg.env.name, config=cfg.env)
             self.tokenizer = load_tokenizer(cfg.policy.tokenizer_name or cfg.policy.model_name)
-            self.loaders = [PromptLoader(load_prompts(d), d.shuffle, cfg.policy.seed) for d in cfg.data.datasets]
-            self.shares = _split(grpo.num_prompts_per_step, [d.weight for d in cfg.data.datasets],
-                                 [d.num_prompts_per_step for d in cfg.data.datasets])
             self.validation = load_prompts(cfg.data.validation) if cfg.data.validation else []
             if grpo.max_val_samples:
                 self.validation = self.validation[:grpo.max_val_samples]
+            # Training rows identical to a validation prompt are dropped, so validation stays held out.
+            held_out = {str(p.input) for p in self.validation}
+            self.loaders = [PromptLoader(_without(load_prompts(d), held_out, d.name), d.shuffle, cfg.policy.seed)
+                            for d in cfg.data.datasets]
+            self.shares = _split(grpo.num_prompts_per_step, [d.weight for d in cfg.data.datasets],
+                                 [d.num_prompts_per_step for d in cfg.data.datasets])
             self.client = EngineClient(engine_url, name="generation server (embedded engine)", log_path=engine_log)
             self.broadcaster = WeightBroadcaster(self.client, "127.0.0.1", weight_sync_port)
             chat = cfg.policy.generation.chat_template

@@ -33,13 +33,11 @@ class Sample:
     def response_length(self) -> int:
         return len(self.token_ids) - self.prompt_length
 
-    def target_mask(self) -> torch.Tensor:
-        """Mask over positions 1..L-1 (the tokens a forward pass predicts): response tokens only."""
-        mask = torch.zeros(len(self.token_ids) - 1)
-        response = torch.tensor(self.loss_mask, dtype=torch.float) if self.loss_mask is not None \
-            else torch.ones(self.response_length)
-        mask[self.prompt_length - 1:] = response
-        return mask
+    def response_mask(self) -> torch.Tensor:
+        """1 on response tokens that are trained (observations appended later carry 0)."""
+        if self.loss_mask is not None:
+            return torch.tensor(self.loss_mask, dtype=torch.float)
+        return torch.ones(self.response_length)
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -120,22 +118,25 @@ class DTensorPolicy:
         return batches + [[] for _ in range(int(count) - len(batches))]
 
     def _forward_logprobs(self, samples: list[Sample], with_entropy: bool):
-        """Token logprobs (and entropy) of positions 1..L-1 for a right-padded micro-batch."""
+        """Logprobs (and entropy) of each sample's response tokens, as [B, R] right-aligned rows.
+
+        Left padding lines up every sequence's end, so only the last R + 1 positions need logits
+        (R = longest response): the LM head, a large share of a small model's compute, skips the
+        prompts."""
         width = max(len(s.token_ids) for s in samples)
-        pad = 0
-        ids = torch.full((len(samples), width), pad, dtype=torch.long)
+        responses = max(1, max(s.response_length for s in samples))
+        ids = torch.zeros((len(samples), width), dtype=torch.long)
         attention = torch.zeros((len(samples), width), dtype=torch.long)
         for row, sample in enumerate(samples):
-            ids[row, :len(sample.token_ids)] = torch.tensor(sample.token_ids)
-            attention[row, :len(sample.token_ids)] = 1
-        ids, attention = ids.to(self.device), attention.to(self.device)
-        logits = self.model(input_ids=ids, attention_mask=attention, use_cache=False).logits[:, :-1].float()
-        logits = logits / self.temperature
-        log_softmax = torch.log_softmax(logits, dim=-1)
-        logprobs = log_softmax.gather(-1, ids[:, 1:, None])[..., 0]
-        entropy = None
-        if with_entropy:
-            entropy = -(log_softmax.exp() * log_softmax).sum(-1)
+            ids[row, width - len(sample.token_ids):] = torch.tensor(sample.token_ids)
+            attention[row, width - len(sample.token_ids):] = 1
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        ids, attention, positions = ids.to(self.device), attention.to(self.device), positions.to(self.device)
+        logits = self.model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=False,
+                            logits_to_keep=responses + 1).logits[:, :-1].float()
+        log_softmax = torch.log_softmax(logits / self.temperature, dim=-1)
+        logprobs = log_softmax.gather(-1, ids[:, -responses:, None])[..., 0]
+        entropy = -(log_softmax.exp() * log_softmax).sum(-1) if with_entropy else None
         return logprobs, entropy
 
     def _dummy(self) -> list[Sample]:
@@ -145,7 +146,7 @@ class DTensorPolicy:
 
     @torch.no_grad()
     def logprobs(self, samples: list[Sample]) -> list[torch.Tensor]:
-        """Per sample, the logprobs of tokens 1..L-1 under the current weights."""
+        """Per sample, the logprobs of its response tokens under the current weights."""
         policy = self.config.policy
         micro = policy.logprob_batch_size or policy.train_micro_batch_size
         out: list[torch.Tensor | None] = [None] * len(samples)
@@ -153,7 +154,8 @@ class DTensorPolicy:
             chosen = [samples[i] for i in batch] or self._dummy()
             logprobs, _ = self._forward_logprobs(chosen, with_entropy=False)
             for row, index in enumerate(batch):
-                out[index] = logprobs[row, :len(samples[index].token_ids) - 1].cpu()
+                length = samples[index].response_length
+                out[index] = logprobs[row, logprobs.shape[1] - length:].cpu()
         return out
 
     # --- training -----------------------------------------------------------------------------
@@ -162,7 +164,7 @@ class DTensorPolicy:
                          ref_logprobs: list[torch.Tensor] | None, loss_fn) -> dict[str, float]:
         """One optimizer step on this rank's share of a mini-batch."""
         policy, loss_cfg = self.config.policy, self.config.loss_fn
-        masks = [s.target_mask() for s in samples]
+        masks = [s.response_mask() for s in samples]
         totals = torch.tensor([float(sum(m.sum() for m in masks)), float(len(samples))], dtype=torch.float64)
         if self.world.world_size > 1:
             dist.all_reduce(totals)
@@ -219,7 +221,9 @@ class DTensorPolicy:
 
 
 def _stack(rows: list[torch.Tensor], width: int) -> torch.Tensor:
+    """Right-align per-sample response rows into [B, width] (as _forward_logprobs lays them out)."""
     out = torch.zeros((len(rows), width))
     for index, row in enumerate(rows):
-        out[index, :row.shape[0]] = row
+        if row.shape[0]:
+            out[index, width - row.shape[0]:] = row
     return out
