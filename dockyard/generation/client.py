@@ -29,6 +29,7 @@ class EngineClient:
         self.log_path = log_path
         self.request_timeout_s = request_timeout_s
         self._http = httpx.Client(timeout=httpx.Timeout(request_timeout_s, connect=10))
+        self.last_usage: dict = {}
 
     def _where(self) -> str:
         return f"{self.name} at {self.url}" + (f" (log: {self.log_path})" if self.log_path else "")
@@ -68,6 +69,7 @@ class EngineClient:
         body = {key: value for key, value in asdict(params).items() if value is not None}
         body["prompt"] = prompts
         data = self._post("/v1/completions", body)
+        self.last_usage = data.get("usage", {})
         return [Completion(c["prompt_index"], c["token_ids"], c["logprobs"]["token_logprobs"], c["finish_reason"])
                 for c in data["choices"]]
 

@@ -157,13 +157,19 @@ class GRPOTrainer:
                 ids = prompt_ids[completion.prompt_index]
                 samples.append(Sample(token_ids=ids + completion.token_ids, prompt_length=len(ids)))
                 lengths.append(len(completion.token_ids))
+        for completion, reward in list(zip(completions, rewards))[:self.cfg.logger.num_samples_to_print]:
+            prompt = prompts[completion.prompt_index]
+            text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+            print(f"  sample (step {step}, reward {reward:g}): {str(prompt.input)[:200]!r} -> {text[:300]!r} "
+                  f"(label {prompt.label!r})", file=sys.stderr, flush=True)
         reward_tensor = torch.tensor(rewards)
         generated = sum(lengths)
         metrics = {"reward/mean": float(reward_tensor.mean()), "reward/std": float(reward_tensor.std()),
                    "accuracy": float((reward_tensor >= 1.0).float().mean()),
                    "gen/mean_response_tokens": generated / len(lengths),
                    "gen/truncated_fraction": sum(c.finish_reason == "length" for c in completions) / len(completions),
-                   "gen/tokens_per_s": generated / max(self.timer.seconds.get("generate", 0.0), 1e-9)}
+                   "gen/tokens_per_s": generated / max(self.timer.seconds.get("generate", 0.0), 1e-9),
+                   "gen/engine_seconds": float(self.client.last_usage.get("generation_seconds", 0.0))}
         return samples, rewards, metrics
 
     def validate(self) -> dict[str, float]:
@@ -189,8 +195,11 @@ class GRPOTrainer:
         mini_batches = [samples[j * self.mini_batch:(j + 1) * self.mini_batch][self.world.rank::self.world.world_size]
                         for j in range(self.num_mini_batches)]
         local = [s for mb in mini_batches for s in mb]
+        # One optimizer step per rollout batch: the weights that sampled are the ones being trained,
+        # so the training forward supplies the old logprobs and the separate pass is skipped.
+        on_policy = self.num_mini_batches == 1 and self.cfg.loss_fn.ppo_epochs == 1
         with self.timer("logprobs"):
-            old = self.policy.logprobs(local)
+            old = None if on_policy else self.policy.logprobs(local)
             ref = self.reference.logprobs(local) if self.reference is not None else None
         with self.timer("advantages"):
             advantages = self.estimator(torch.tensor(rewards), [self.group_size] * (len(rewards) // self.group_size))
@@ -203,7 +212,8 @@ class GRPOTrainer:
                 offset = 0
                 for mb in mini_batches:
                     span = slice(offset, offset + len(mb))
-                    result = self.policy.train_mini_batch(mb, old[span], ref[span] if ref else None, self.loss_fn)
+                    result = self.policy.train_mini_batch(mb, old[span] if old is not None else None,
+                                                          ref[span] if ref else None, self.loss_fn)
                     offset += len(mb)
                     for key, value in result.items():
                         train_metrics[key] = train_metrics.get(key, 0.0) + value / (
@@ -263,9 +273,14 @@ class GRPOTrainer:
                 metrics["time/checkpoint"] = self.timer.seconds["checkpoint"]
             if logger:
                 total = time.perf_counter() - step_started
-                phases = sum(v for k, v in metrics.items() if k.startswith("time/"))
+                # Orchestration overhead: step time not spent computing (engine decoding, trainer
+                # forward/backward, validation, checkpoint writes): HTTP, tokenising, scoring,
+                # batch broadcast, weight transfer, bookkeeping.
+                compute = metrics.get("gen/engine_seconds", 0.0) + sum(
+                    metrics.get(f"time/{name}", 0.0) for name in ("logprobs", "train", "validate", "checkpoint"))
                 metrics["time/step"] = total
-                metrics["time/overhead_fraction"] = max(0.0, total - phases) / total
+                metrics["time/overhead"] = max(0.0, total - compute)
+                metrics["time/overhead_fraction"] = metrics["time/overhead"] / total
                 logger.log(step, metrics)
         if logger:
             logger.close()

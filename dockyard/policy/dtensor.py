@@ -160,9 +160,11 @@ class DTensorPolicy:
 
     # --- training -----------------------------------------------------------------------------
 
-    def train_mini_batch(self, samples: list[Sample], old_logprobs: list[torch.Tensor],
+    def train_mini_batch(self, samples: list[Sample], old_logprobs: list[torch.Tensor] | None,
                          ref_logprobs: list[torch.Tensor] | None, loss_fn) -> dict[str, float]:
-        """One optimizer step on this rank's share of a mini-batch."""
+        """One optimizer step on this rank's share of a mini-batch. Without `old_logprobs` the
+        weights have not moved since sampling, so the forward pass's own (detached) logprobs are
+        the old ones: the same numbers as a separate pass, without its cost."""
         policy, loss_cfg = self.config.policy, self.config.loss_fn
         masks = [s.response_mask() for s in samples]
         totals = torch.tensor([float(sum(m.sum() for m in masks)), float(len(samples))], dtype=torch.float64)
@@ -179,10 +181,13 @@ class DTensorPolicy:
                 entropy = entropy.detach()
             width = logprobs.shape[1]
             mask = _stack([masks[i] for i in batch], width) if batch else torch.zeros_like(logprobs)
-            old = _stack([old_logprobs[i] for i in batch], width) if batch else logprobs.detach()
+            if old_logprobs is None or not batch:
+                old = logprobs.detach()
+            else:
+                old = _stack([old_logprobs[i] for i in batch], width).to(self.device)
             adv = torch.tensor([samples[i].advantage for i in batch] or [0.0])[:, None].expand_as(logprobs)
             ref = _stack([ref_logprobs[i] for i in batch], width) if (batch and ref_logprobs) else None
-            mask, old, adv = mask.to(self.device), old.to(self.device), adv.to(self.device)
+            mask, adv = mask.to(self.device), adv.to(self.device)
             per_token, metrics = loss_fn(LossInputs(logprobs, old, adv, mask, ref.to(self.device) if ref is not None
                                                     else None, entropy))
             share = aggregate(per_token, mask, loss_cfg.loss_agg_mode, total_tokens, total_sequences)
