@@ -90,9 +90,6 @@ class Engine:
                 target.copy_(tensor.to(dtype=target.dtype, device=target.device))
         self.weights_version += 1
 
-    def parameter_specs(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-        return {name: (tuple(p.shape), p.dtype) for name, p in self.model.named_parameters()}
-
     # --- generation ---------------------------------------------------------------------------
 
     @torch.inference_mode()

@@ -69,10 +69,13 @@ class MetricsLogger:
             self.sinks.append(TensorBoardWriter(log_dir / "tensorboard"))
         self.console = ConsoleProgress(total_steps, start_step)
 
-    def log(self, step: int, metrics: dict[str, float]) -> None:
+    def log(self, step: int, metrics: dict[str, float], console: bool = True) -> None:
         for sink in self.sinks:
             sink.log(step, metrics)
-        self.console.step(step, metrics)
+        if console:
+            self.console.step(step, metrics)
+        else:
+            self.console.bar.write(f"step {step}: " + "  ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
 
     def close(self) -> None:
         for sink in self.sinks:

@@ -255,7 +255,7 @@ class GRPOTrainer:
         if cfg.grpo.val_at_start and start == 0 and cfg.data.validation is not None:
             val = self.validate()
             if logger:
-                logger.sinks[0].log(0, val)
+                logger.log(0, val, console=False)
         for step in range(start + 1, cfg.grpo.max_num_steps + 1):
             step_started = time.perf_counter()
             metrics = self.train_step(step)

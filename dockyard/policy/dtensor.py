@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterator
-
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -214,9 +212,6 @@ class DTensorPolicy:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Full (unsharded) weights on CPU, on rank 0; every rank must call it (a collective)."""
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-    def named_parameters_for_export(self) -> Iterator[tuple[str, torch.Tensor]]:
-        yield from self.full_state_dict().items()
 
     def copy_weights_from(self, other: "DTensorPolicy") -> None:
         """Moving reference: same sharding on both sides, so a local copy of each shard suffices."""
