@@ -38,6 +38,26 @@ class Sample:
         return torch.ones(self.response_length)
 
 
+def plan_micro_batches(lengths: list[int], micro_size: int, token_budget: int | None) -> list[list[int]]:
+    """Group sample indices into micro-batches: `micro_size` at a time, or (with a token budget)
+    packed by length so that padded size (longest x count) stays within the budget."""
+    if token_budget is None:
+        order = list(range(len(lengths)))
+        return [order[i:i + micro_size] for i in range(0, len(order), micro_size)]
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for index in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        if current and max(longest, lengths[index]) * (len(current) + 1) > token_budget:
+            batches.append(current)
+            current, longest = [], 0
+        current.append(index)
+        longest = max(longest, lengths[index])
+    if current:
+        batches.append(current)
+    return batches
+
+
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     inner = getattr(model, "model", model)
     layers = getattr(inner, "layers", None)
@@ -94,22 +114,8 @@ class DTensorPolicy:
         """Indices per micro-batch; every rank gets the same number (empty ones pad), since each
         forward is a collective under FSDP."""
         budget = self.config.policy.dynamic_batching
-        order = list(range(len(samples)))
-        batches: list[list[int]] = []
-        if budget.enabled:
-            current: list[int] = []
-            longest = 0
-            for index in sorted(order, key=lambda i: len(samples[i].token_ids)):
-                length = len(samples[index].token_ids)
-                if current and max(longest, length) * (len(current) + 1) > budget.max_tokens_per_gpu:
-                    batches.append(current)
-                    current, longest = [], 0
-                current.append(index)
-                longest = max(longest, length)
-            if current:
-                batches.append(current)
-        else:
-            batches = [order[i:i + micro_size] for i in range(0, len(order), micro_size)]
+        batches = plan_micro_batches([len(s.token_ids) for s in samples], micro_size,
+                                     budget.max_tokens_per_gpu if budget.enabled else None)
         count = torch.tensor([len(batches)], dtype=torch.long)
         if self.world.world_size > 1:
             dist.all_reduce(count, op=dist.ReduceOp.MAX)

@@ -110,3 +110,32 @@ def test_wait_healthy_names_a_server_that_never_answers():
     client = EngineClient(f"http://127.0.0.1:{free_port()}", name="rollout server 3", log_path="/tmp/x.log")
     with pytest.raises(GenerationServerError, match=r"rollout server 3 at .* \(log: /tmp/x.log\) was not healthy"):
         client.wait_healthy(1.0)
+
+
+def test_stop_strings_end_generation_at_the_string(client, tiny_model):
+    from dockyard.models import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_model)
+    greedy = client.generate([PROMPTS[0]], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))[0]
+    index = next(i for i, t in enumerate(greedy.token_ids) if tokenizer.decode([t]).strip())
+    stop = tokenizer.decode([greedy.token_ids[index]]).strip()
+    out = client.generate([PROMPTS[0]], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True,
+                                                       stop=[stop]))[0]
+    assert out.finish_reason == "stop"
+    assert out.token_ids == greedy.token_ids[:len(out.token_ids)] and len(out.token_ids) <= index + 1
+    assert stop in tokenizer.decode(out.token_ids)
+
+
+def test_a_qwen2_tiny_model_serves_too(tmp_path):
+    import subprocess
+    import sys
+
+    from dockyard.generation.engine import Engine
+    from tests.conftest import REPO
+
+    subprocess.run([sys.executable, str(REPO / "tools" / "make_tiny_model.py"), "--arch", "qwen2", "--out",
+                    str(tmp_path / "tiny-qwen2")], check=True, capture_output=True, timeout=300)
+    engine = Engine(tmp_path / "tiny-qwen2")
+    assert type(engine.model).__name__ == "Qwen2ForCausalLM"
+    (out,) = engine.generate([[2, 5, 6]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    assert len(out.token_ids) == 4
