@@ -10,13 +10,11 @@ time excluded). Target: +40 points within 15 minutes on a 2-core CPU.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from _run import run_dockyard
 
 
 def main() -> int:
@@ -28,15 +26,9 @@ def main() -> int:
     args = parser.parse_args()
     folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="dockyard-learning-"))
     folder.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "dockyard.cli", "run", "--config", "grpo_math_smol.yaml",
-               f"models_dir={REPO / 'models'}", f"grpo.max_num_steps={args.steps}",
-               f"grpo.val_period={args.val_every}", "grpo.val_at_start=true", "checkpointing.enabled=false",
-               *args.overrides]
-    result = subprocess.run(command, cwd=folder, capture_output=True, text=True)
-    if result.returncode != 0:
-        print(result.stdout[-3000:], result.stderr[-3000:], file=sys.stderr)
-        return result.returncode
-    rows = [json.loads(line) for line in next(folder.glob("runs/*/logs/metrics.jsonl")).read_text().splitlines()]
+    rows = run_dockyard("grpo_math_smol.yaml", [f"grpo.max_num_steps={args.steps}", f"grpo.val_period={args.val_every}",
+                                                "grpo.val_at_start=true", "checkpointing.enabled=false",
+                                                *args.overrides], folder)
     start = next(r["val/accuracy"] for r in rows if r["step"] == 0)
     print(f"{'step':>5}{'train min':>11}{'val acc':>9}{'gain':>8}{'sample acc':>12}")
     print(f"{0:>5}{0.0:>11.1f}{start:>9.1%}{'':>8}")

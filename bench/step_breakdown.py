@@ -11,14 +11,13 @@ Target: overhead <= 5% of the step.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from _run import run_dockyard
+
 PHASES = ("refit", "generate", "reward", "logprobs", "advantages", "train")
 
 
@@ -29,15 +28,9 @@ def main() -> int:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="dockyard-bench-") as scratch:
-        command = [sys.executable, "-m", "dockyard.cli", "run", "--config", args.config,
-                   f"models_dir={REPO / 'models'}", f"grpo.max_num_steps={args.steps}", "grpo.val_period=0",
-                   "grpo.val_at_start=false", "checkpointing.enabled=false", *args.overrides]
-        result = subprocess.run(command, cwd=scratch, capture_output=True, text=True)
-        if result.returncode != 0:
-            print(result.stdout[-3000:], result.stderr[-3000:], file=sys.stderr)
-            return result.returncode
-        metrics_file = next(Path(scratch).glob("runs/*/logs/metrics.jsonl"))
-        steps = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+        steps = run_dockyard(args.config, [f"grpo.max_num_steps={args.steps}", "grpo.val_period=0",
+                                           "grpo.val_at_start=false", "checkpointing.enabled=false",
+                                           *args.overrides], Path(scratch))
     measured = steps[1:] or steps
     mean = lambda key: sum(s.get(key, 0.0) for s in measured) / len(measured)  # noqa: E731
     step = mean("time/step")

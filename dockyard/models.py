@@ -46,3 +46,14 @@ def load_tokenizer(path: str | Path):
 
     _quiet_transformers()
     return AutoTokenizer.from_pretrained(model_folder(path))
+
+
+def save_model_folder(model, tokenizer, out: str | Path) -> Path:
+    """Write a transformers folder next to `out` and rename it into place, so a half-written folder
+    is never mistaken for a model."""
+    out = Path(out)
+    tmp = out.with_name(out.name + ".tmp")
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(out)
+    return out

@@ -72,12 +72,11 @@ def main(argv=None) -> None:
     if (out / "config.json").is_file():
         print(f"{out} exists; keeping it")
         return
+    from dockyard.models import save_model_folder
+
     tokenizer = build_tokenizer(args.seed, args.vocab_size)
     model = build_model(args.arch, len(tokenizer), args.seed, tokenizer)
-    tmp = out.with_name(out.name + ".tmp")
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    tmp.rename(out)
+    save_model_folder(model, tokenizer, out)
     print(f"wrote {out} ({sum(p.numel() for p in model.parameters())} parameters, vocab {len(tokenizer)})")
 
 

@@ -38,6 +38,8 @@ def main(argv=None) -> None:
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from dockyard.models import save_model_folder
+
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     source = gguf_path()
@@ -53,10 +55,7 @@ def main(argv=None) -> None:
     if unexpected or [name for name in missing if name != "lm_head.weight"]:
         sys.exit(f"weights do not match the architecture: missing {missing[:5]}, unexpected {unexpected[:5]}")
     plain.tie_weights()
-    tmp = out.with_name(out.name + ".tmp")
-    plain.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    tmp.rename(out)
+    save_model_folder(plain, tokenizer, out)
     print(f"wrote {out} from {source.name} ({sum(p.numel() for p in plain.parameters()) / 1e6:.0f}M parameters)")
 
 

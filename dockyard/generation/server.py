@@ -70,6 +70,14 @@ def build_app(engine: Engine, model_name: str) -> FastAPI:
     lock = threading.Lock()  # one generation or weight update at a time
     groups: dict[str, Any] = {}
 
+    def install(tensors: dict[str, torch.Tensor], verb: str) -> dict:
+        """Load received weights into the engine; the caller holds the lock."""
+        try:
+            engine.load_weights(tensors)
+        except ValueError as err:
+            return {"success": False, "message": str(err)}
+        return {"success": True, "message": f"{verb} {len(tensors)} tensors", "weights_version": engine.weights_version}
+
     @app.get("/health")
     def health() -> dict:
         return {"status": "ok", "paused": engine.paused}
@@ -116,11 +124,7 @@ def build_app(engine: Engine, model_name: str) -> FastAPI:
         for file in files:
             tensors.update(load_file(str(file)))
         with lock:
-            try:
-                engine.load_weights(tensors)
-            except ValueError as err:
-                return {"success": False, "message": str(err)}
-        return {"success": True, "message": f"loaded {len(tensors)} tensors", "weights_version": engine.weights_version}
+            return install(tensors, "loaded")
 
     @app.post("/init_weights_update_group")
     def init_group(request: GroupInit) -> dict:
@@ -146,11 +150,7 @@ def build_app(engine: Engine, model_name: str) -> FastAPI:
                 tensor = torch.empty(shape, dtype=DTYPE_NAMES[dtype])
                 group.broadcast(tensor, 0).wait()
                 tensors[name] = tensor
-            try:
-                engine.load_weights(tensors)
-            except ValueError as err:
-                return {"success": False, "message": str(err)}
-        return {"success": True, "message": f"updated {len(tensors)} tensors", "weights_version": engine.weights_version}
+            return install(tensors, "updated")
 
     @app.post("/pause_generation")
     def pause() -> dict:
