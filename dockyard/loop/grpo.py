@@ -57,6 +57,13 @@ def _split(total: int, weights: list[float], shares: list[int | None]) -> list[i
     return counts
 
 
+def informative_groups(rewards: list[float], group_size: int) -> list[int]:
+    """Indices of the trajectories in groups whose rewards are not all equal."""
+    return [index for start in range(0, len(rewards), group_size)
+            if len(set(rewards[start:start + group_size])) > 1
+            for index in range(start, start + group_size)]
+
+
 def _without(prompts: list[Prompt], held_out: set[str], name: str) -> list[Prompt]:
     kept = [p for p in prompts if str(p.input) not in held_out]
     if not kept:
@@ -192,8 +199,17 @@ class GRPOTrainer:
         payload = self.generate_and_score(step) if self.world.is_main else None
         samples, rewards, metrics = self._broadcast(payload)
         # Mini-batch j is rollouts [jM, (j+1)M); each rank trains on every world_size-th of them.
-        mini_batches = [samples[j * self.mini_batch:(j + 1) * self.mini_batch][self.world.rank::self.world.world_size]
-                        for j in range(self.num_mini_batches)]
+        trained = samples
+        if self.cfg.grpo.filters.identical_reward:
+            # A group whose rewards are all equal has zero advantage: it adds no gradient, only
+            # tokens to the token-mean, which shrinks the step. support.py allows the filter only
+            # with one optimizer step per step, so the survivors form that one mini-batch.
+            kept = informative_groups(rewards, self.group_size)
+            trained = [samples[i] for i in kept]
+            metrics["train/kept_fraction"] = len(trained) / len(samples)
+        size = self.mini_batch if trained is samples else len(trained)
+        mini_batches = [trained[j * size:(j + 1) * size][self.world.rank::self.world.world_size]
+                        for j in range(self.num_mini_batches if trained else 0)]
         local = [s for mb in mini_batches for s in mb]
         # One optimizer step per rollout batch: the weights that sampled are the ones being trained,
         # so the training forward supplies the old logprobs and the separate pass is skipped.
@@ -217,7 +233,7 @@ class GRPOTrainer:
                     offset += len(mb)
                     for key, value in result.items():
                         train_metrics[key] = train_metrics.get(key, 0.0) + value / (
-                            self.num_mini_batches * self.cfg.loss_fn.ppo_epochs)
+                            len(mini_batches) * self.cfg.loss_fn.ppo_epochs)
             self.engine_is_current = False
         interval = self.cfg.loss_fn.reference_model.update_interval
         if self.reference is not None and interval > 0 and step % interval == 0:

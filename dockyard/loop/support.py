@@ -33,7 +33,6 @@ def _features(cfg: MasterConfig) -> list[tuple[str, bool]]:
         ("grpo.async_grpo.enabled", grpo.async_grpo.enabled),
         ("grpo.sampler.dynamic_sampling", grpo.sampler.dynamic_sampling),
         ("grpo.sampler.num_oversample", grpo.sampler.num_oversample > 0),
-        ("grpo.filters.identical_reward", grpo.filters.identical_reward),
         ("grpo.reward_scaling.enabled", grpo.reward_scaling.enabled),
         ("grpo.reward_shaping.enabled", grpo.reward_shaping.enabled),
         ("grpo.skip_prev_logprobs", grpo.skip_prev_logprobs),
@@ -61,6 +60,11 @@ def unsupported(cfg: MasterConfig) -> list[Problem]:
     for path, requested in _features(cfg):
         if requested:
             problems.append(Problem(path, "not supported by the GRPO loop in this version; turn it off"))
+    rollouts = cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt
+    if cfg.grpo.filters.identical_reward and cfg.policy.train_global_batch_size != rollouts:
+        problems.append(Problem("grpo.filters.identical_reward", "the loop filters groups only when a step is "
+                                f"one optimizer step (policy.train_global_batch_size = {rollouts}); turn it off "
+                                "or set that"))
     return problems
 
 

@@ -119,3 +119,21 @@ def test_unsupported_features_and_missing_model_are_refused_before_starting(tmp_
     assert "policy.model_name: no model folder at" in result.stdout and "make_tiny_model.py" in result.stdout
     assert "Traceback" not in result.stdout
     assert not (tmp_path / "runs").exists()
+
+
+def test_identical_reward_filter_keeps_only_informative_groups():
+    from dockyard.loop.grpo import informative_groups
+
+    assert informative_groups([0, 0, 1, 1, 1, 1, 0, 1, 0], 3) == [0, 1, 2, 6, 7, 8]
+    assert informative_groups([1, 1, 0, 0], 2) == []
+
+
+def test_grpo_tiny_runs_with_the_identical_reward_filter(tiny_model, tmp_path):
+    result = run(tmp_path, tiny_model, "grpo.max_num_steps=2", "grpo.filters.identical_reward=true",
+                 "checkpointing.enabled=false")
+    assert result.returncode == 0, result.stdout
+    rows = [json.loads(line) for line in (tmp_path / "runs/grpo_tiny/logs/metrics.jsonl").read_text().splitlines()]
+    assert all(0.0 <= row["train/kept_fraction"] <= 1.0 for row in rows)
+    refused = run(tmp_path, tiny_model, "grpo.filters.identical_reward=true", "policy.train_global_batch_size=8",
+                  "policy.train_micro_batch_size=2")
+    assert refused.returncode == 2 and "grpo.filters.identical_reward: the loop filters groups only" in refused.stdout
