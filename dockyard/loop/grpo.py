@@ -29,7 +29,7 @@ from dockyard.distributed import WorldInfo, init_trainer_world
 from dockyard.generation.client import EngineClient, GenerationServerError, WeightBroadcaster
 from dockyard.generation.engine import SamplingParams
 from dockyard.io.checkpoint import CheckpointManager
-from dockyard.models import load_tokenizer
+from dockyard.models import DTYPES, load_tokenizer
 from dockyard.policy.dtensor import Sample
 
 
@@ -146,7 +146,10 @@ class GRPOTrainer:
             return
         weights = self.policy.full_state_dict()
         if self.world.is_main:
-            self.broadcaster.push(weights.items())
+            # The engine serves in policy.precision; casting here (the same rounding the engine would
+            # do) halves what crosses the wire for bf16.
+            dtype = DTYPES[self.cfg.policy.precision]
+            self.broadcaster.push((name, tensor.to(dtype)) for name, tensor in weights.items())
         self.engine_is_current = True
 
     def generate_and_score(self, step: int) -> tuple[list[Sample], list[float], dict[str, float]]:
