@@ -122,26 +122,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def submit_main(argv: Sequence[str] | None = None) -> int:
-    """dockyard-submit: validate the config as the job would see it, before anything is queued."""
-    parser = argparse.ArgumentParser(prog="dockyard-submit",
-                                     description="validate a config and submit it as one heterogeneous Slurm job")
-    _add_config_args(parser)
-    parser.add_argument("--nodes", type=int, help="nodes for the whole run (sets cluster.num_nodes)")
-    parser.add_argument("--dry-run", action="store_true", help="validate and plan only")
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides")
-    ns = parser.parse_args(argv)
-    if not ns.config:
-        parser.error("--config is required")
-    overrides = list(ns.overrides) + ([f"cluster.num_nodes={ns.nodes}"] if ns.nodes is not None else [])
-    try:
-        loaded = load_config(ns.config, overrides, ns.config_dir)
-    except ConfigError as err:
-        print(err.render(), file=sys.stderr)
-        print("nothing was submitted", file=sys.stderr)
-        return EXIT_CONFIG
-    print(f"config ok: {loaded.source}")
-    print("dockyard-submit: the Slurm launcher is not in this version yet; nothing was submitted", file=sys.stderr)
-    return 3
+    from dockyard.launch.submit import submit_main as run
+
+    return run(argv)
 
 
 if __name__ == "__main__":

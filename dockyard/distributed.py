@@ -39,11 +39,18 @@ def init_trainer_world(device: torch.device, timeout_s: float = 600) -> WorldInf
     return info
 
 
+def weight_sync_store(master_address: str, master_port: int, world_size: int, timeout_s: float = 300):
+    """Trainer rank 0's store for the weight-sync group; port 0 lets the OS pick one (read `.port`)."""
+    return dist.TCPStore(master_address, master_port, world_size, is_master=True, wait_for_workers=False,
+                         timeout=timedelta(seconds=timeout_s))
+
+
 def weight_sync_group(master_address: str, master_port: int, rank: int, world_size: int, group_name: str,
-                      backend: str = "gloo", timeout_s: float = 300):
+                      backend: str = "gloo", timeout_s: float = 300, store=None):
     """A process group of its own (not the default world): trainer rank 0 is rank 0, servers follow."""
-    store = dist.TCPStore(master_address, master_port, world_size, is_master=(rank == 0),
-                          timeout=timedelta(seconds=timeout_s))
+    if store is None:
+        store = dist.TCPStore(master_address, master_port, world_size, is_master=(rank == 0),
+                              timeout=timedelta(seconds=timeout_s))
     store = dist.PrefixStore(group_name, store)
     if backend == "gloo":
         return dist.ProcessGroupGloo(store, rank, world_size, timedelta(seconds=timeout_s))

@@ -170,6 +170,37 @@ def rollout_replicas(cfg: MasterConfig) -> Iterator[Problem]:
 
 
 @rule
+def server_tasks_fit_gpus(cfg: MasterConfig) -> Iterator[Problem]:
+    """Rollout / teacher servers per node x rollout_gpus_per_replica fit the group's GPUs per node."""
+    for name in ("rollout", "teacher"):
+        group = getattr(cfg.cluster, name)
+        gpus = cfg.cluster.gpus_per_node if group.gpus_per_node is None else group.gpus_per_node
+        if group.tasks_per_node is None or gpus == 0 or group.num_nodes == 0:
+            continue
+        need = group.tasks_per_node * cfg.cluster.rollout_gpus_per_replica
+        if need > gpus:
+            yield Problem(f"cluster.{name}.tasks_per_node", f"{group.tasks_per_node} servers x "
+                          f"{cfg.cluster.rollout_gpus_per_replica} GPUs (cluster.rollout_gpus_per_replica) = {need} "
+                          f"GPUs per node, but the {name} nodes have {gpus}")
+
+
+@rule
+def slurm_time_limit(cfg: MasterConfig) -> Iterator[Problem]:
+    """cluster.slurm.time is minutes or Slurm's [D-]HH:MM[:SS] / MM:SS, and longer than signal_delay_s."""
+    from dockyard.launch.slurm_time import minutes, SlurmTimeError
+
+    slurm = cfg.cluster.slurm
+    try:
+        limit = minutes(slurm.time)
+    except SlurmTimeError as err:
+        yield Problem("cluster.slurm.time", str(err))
+        return
+    if limit * 60 <= slurm.signal_delay_s:
+        yield Problem("cluster.slurm.signal_delay_s", f"the warning signal comes {slurm.signal_delay_s} s before the "
+                      f"end, but the time limit is only {limit:g} min; lower it or raise cluster.slurm.time")
+
+
+@rule
 def teachers_only_with_distillation(cfg: MasterConfig) -> Iterator[Problem]:
     """Teacher nodes and on_policy_distillation are only allowed when grpo.adv_estimator.name is opd."""
     opd = cfg.grpo.adv_estimator.name == "opd"

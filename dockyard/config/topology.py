@@ -64,3 +64,29 @@ def dp_size(cfg: MasterConfig) -> int:
 def num_mini_batches(cfg: MasterConfig) -> int:
     rollouts = cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt
     return rollouts // cfg.policy.train_global_batch_size
+
+
+def trainer_tasks_per_node(cfg: MasterConfig) -> int:
+    return devices_per_node(cfg, cfg.cluster.trainer.gpus_per_node)
+
+
+def server_tasks_per_node(cfg: MasterConfig, group_name: str) -> int:
+    """Generation (or teacher) servers per node: one per replica of rollout_gpus_per_replica GPUs, one on CPU."""
+    group = getattr(cfg.cluster, group_name)
+    if group.tasks_per_node is not None:
+        return group.tasks_per_node
+    gpus = cfg.cluster.gpus_per_node if group.gpus_per_node is None else group.gpus_per_node
+    if group.num_nodes == 0 and cfg.cluster.colocate:
+        gpus = cfg.cluster.gpus_per_node if cfg.cluster.trainer.gpus_per_node is None \
+            else cfg.cluster.trainer.gpus_per_node
+    return max(1, gpus // cfg.cluster.rollout_gpus_per_replica)
+
+
+def rollout_replicas(cfg: MasterConfig) -> int:
+    """Generation servers in the run; colocated on CPU that is one, next to trainer rank 0."""
+    rollout = cfg.cluster.rollout
+    if cfg.cluster.colocate and rollout.num_nodes == 0:
+        if cfg.cluster.gpus_per_node == 0:
+            return 1
+        return trainer_nodes(cfg) * server_tasks_per_node(cfg, "rollout")
+    return rollout.num_nodes * server_tasks_per_node(cfg, "rollout")

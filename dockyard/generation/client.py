@@ -13,7 +13,7 @@ from typing import Iterable
 import httpx
 import torch
 
-from dockyard.distributed import dtype_name, weight_sync_group
+from dockyard.distributed import dtype_name, weight_sync_group, weight_sync_store
 from dockyard.generation.engine import Completion, SamplingParams
 
 
@@ -121,10 +121,12 @@ class WeightBroadcaster:
     def __init__(self, client: EngineClient, master_address: str, master_port: int,
                  group_name: str = "weight_sync", backend: str = "gloo", timeout_s: float = 300):
         self.client, self.group_name, self.timeout_s = client, group_name, timeout_s
+        # master_port 0: the OS picks a free port on this node, then the server is told which
+        store = weight_sync_store(master_address, master_port, 2, timeout_s)
         call = _Call(client._post, "/init_weights_update_group", {
-            "master_address": master_address, "master_port": master_port, "rank_offset": 1, "world_size": 2,
+            "master_address": master_address, "master_port": store.port, "rank_offset": 1, "world_size": 2,
             "group_name": group_name, "backend": backend})
-        self.group = weight_sync_group(master_address, master_port, 0, 2, group_name, backend, timeout_s)
+        self.group = weight_sync_group(master_address, store.port, 0, 2, group_name, backend, timeout_s, store=store)
         call.value(timeout_s)
 
     def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -14,7 +14,7 @@ class EmbeddedServer:
     def __init__(self, config: MasterConfig):
         self.config = config
 
-    def command(self, port: int, host: str = "127.0.0.1", threads: int = 0) -> list[str]:
+    def command(self, port: int, host: str = "127.0.0.1", threads: int = 0, address_file: str | None = None) -> list[str]:
         gen = self.config.policy.generation
         device = gen.embedded_cfg.device
         if device == "auto":
@@ -22,4 +22,5 @@ class EmbeddedServer:
         dtype = self.config.policy.precision  # bf16 runs on CPUs too (fast where AMX / AVX512-BF16 exist)
         return [sys.executable, "-m", "dockyard.generation.server", "--model", self.config.policy.model_name,
                 "--host", host, "--port", str(port), "--device", device, "--dtype", dtype,
-                "--max-batch-size", str(gen.embedded_cfg.max_batch_size), "--threads", str(threads)]
+                "--max-batch-size", str(gen.embedded_cfg.max_batch_size), "--threads", str(threads)] + (
+                    ["--address-file", address_file] if address_file else [])

@@ -11,7 +11,11 @@ routes (`/init_weights_update_group`, `/update_weights_from_distributed`, `/upda
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
+import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -174,7 +178,9 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description="dockyard embedded generation server")
     parser.add_argument("--model", required=True, help="local transformers folder")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--port", type=int, default=8000, help="0 picks a free port (see --address-file)")
+    parser.add_argument("--address-file", help="write {host, port} here once listening (the Slurm driver "
+                        "reads it: a port picked by the server cannot collide with another job's)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
     parser.add_argument("--max-batch-size", type=int, default=64)
@@ -185,9 +191,22 @@ def main(argv=None) -> None:
         torch.set_num_threads(args.threads)
     from dockyard.models import DTYPES
 
+    # USR2 is the Slurm warning / preemption signal meant for the trainer (it checkpoints); a server
+    # must outlive it so the trainer can finish its step and save.
+    signal.signal(signal.SIGUSR2, lambda *_: log.info("USR2 received (the trainer handles it); serving on"))
     engine = Engine(args.model, device=args.device, dtype=DTYPES[args.dtype], max_batch_size=args.max_batch_size)
-    log.info("model %s loaded; serving on %s:%d", args.model, args.host, args.port)
-    uvicorn.run(build_app(engine, args.model), host=args.host, port=args.port, log_level="warning")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((args.host, args.port))
+    port = sock.getsockname()[1]
+    log.info("model %s loaded; serving on %s:%d", args.model, args.host, port)
+    server = uvicorn.Server(uvicorn.Config(build_app(engine, args.model), log_level="warning"))
+    if args.address_file:
+        target = Path(args.address_file)
+        tmp = target.with_name(target.name + ".tmp")
+        tmp.write_text(json.dumps({"host": socket.gethostname(), "port": port, "pid": os.getpid()}))
+        os.replace(tmp, target)
+    server.run(sockets=[sock])
 
 
 if __name__ == "__main__":

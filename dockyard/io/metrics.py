@@ -48,12 +48,20 @@ class ConsoleProgress:
             ("time/step", "s"))
 
     def __init__(self, total_steps: int, start_step: int):
+        # a bar redrawn into a log file (Slurm) is noise: there the per-step line carries the ETA
+        self.interactive = sys.stderr.isatty()
+        self.total, self.done, self.started = total_steps, start_step, time.monotonic()
+        self.first = start_step
         self.bar = tqdm(total=total_steps, initial=start_step, desc="grpo", unit="step", file=sys.stderr,
-                        dynamic_ncols=True, leave=True)
+                        dynamic_ncols=True, leave=True, disable=not self.interactive)
 
     def step(self, step: int, metrics: dict[str, float]) -> None:
         parts = [f"{short} {metrics[key]:.4g}" for key, short in self.KEYS if key in metrics]
-        self.bar.write(f"step {step}: " + "  ".join(parts))
+        self.done += 1
+        if not self.interactive:
+            per_step = (time.monotonic() - self.started) / max(1, self.done - self.first)
+            parts.append(f"eta {per_step * (self.total - self.done):.0f}s")
+        self.bar.write(f"step {step}: " + "  ".join(parts), file=sys.stdout)
         self.bar.update(1)
 
     def close(self) -> None:

@@ -106,8 +106,11 @@ class GRPOTrainer:
                             for d in cfg.data.datasets]
             self.shares = _split(grpo.num_prompts_per_step, [d.weight for d in cfg.data.datasets],
                                  [d.num_prompts_per_step for d in cfg.data.datasets])
-            self.client = EngineClient(engine_url, name="generation server (embedded engine)", log_path=engine_log)
-            self.broadcaster = WeightBroadcaster(self.client, "127.0.0.1", weight_sync_port)
+            self.client = EngineClient(engine_url, name=os.environ.get("DOCKYARD_ENGINE_NAME", "generation server"),
+                                       log_path=engine_log)
+            # the address the server reaches trainer rank 0 at (its node name under Slurm)
+            self.broadcaster = WeightBroadcaster(self.client, os.environ.get("DOCKYARD_WEIGHT_SYNC_ADDR", "127.0.0.1"),
+                                                 weight_sync_port)
             chat = cfg.policy.generation.chat_template
             self.chat_template = Path(chat.path).read_text() if chat.path else None
         self.engine_is_current = False
@@ -316,8 +319,8 @@ def main() -> int:
     torch.manual_seed(cfg.policy.seed)
     world = init_trainer_world(device, timeout_s=float(os.environ.get("DOCKYARD_COLLECTIVE_TIMEOUT_S", 1800)))
     try:
-        trainer = GRPOTrainer(cfg, world, device, os.environ["DOCKYARD_ENGINE_URL"],
-                              os.environ.get("DOCKYARD_ENGINE_LOG"), int(os.environ["DOCKYARD_WEIGHT_SYNC_PORT"]))
+        trainer = GRPOTrainer(cfg, world, device, os.environ.get("DOCKYARD_ENGINE_URL", ""),
+                              os.environ.get("DOCKYARD_ENGINE_LOG"), int(os.environ.get("DOCKYARD_WEIGHT_SYNC_PORT", 0)))
         trainer.run()
     except GenerationServerError as err:
         print(f"dockyard: {err}", file=sys.stderr, flush=True)

@@ -69,14 +69,31 @@ def unsupported(cfg: MasterConfig) -> list[Problem]:
 
 
 def local_shape(cfg: MasterConfig) -> list[Problem]:
-    """`dockyard run` is one machine: one node, one engine process."""
+    """`dockyard run` is one machine: the trainer's ranks (the same world size the Slurm job would
+    have) and one generation server, all here."""
     import torch
 
+    from dockyard.config import topology
+
     problems = []
-    if cfg.cluster.num_nodes != 1:
-        problems.append(Problem("cluster.num_nodes", f"dockyard run uses this machine only; got "
-                                f"{cfg.cluster.num_nodes} nodes (set cluster.num_nodes=1, or use dockyard-submit)"))
-    if cfg.cluster.gpus_per_node > 0 and not torch.cuda.is_available():
-        problems.append(Problem("cluster.gpus_per_node", f"{cfg.cluster.gpus_per_node} GPUs requested but CUDA is "
-                                "not available here; set cluster.gpus_per_node=0 to run on CPU"))
+    if cfg.cluster.gpus_per_node > 0:
+        world = topology.trainer_world_size(cfg)
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if have == 0:
+            problems.append(Problem("cluster.gpus_per_node", f"{cfg.cluster.gpus_per_node} GPUs requested but CUDA "
+                                    "is not available here; set cluster.gpus_per_node=0 to run on CPU"))
+        elif world > have:
+            problems.append(Problem("cluster.num_nodes", f"the trainer has {world} GPU ranks but this machine has "
+                                    f"{have} GPUs; dockyard run uses this machine only (use dockyard-submit)"))
     return problems
+
+
+def slurm_shape(cfg: MasterConfig) -> list[Problem]:
+    """What the Slurm job of this version runs: one generation server drives the loop."""
+    from dockyard.config import topology
+
+    replicas = topology.rollout_replicas(cfg)
+    if replicas > 1:
+        return [Problem("cluster.rollout", f"{replicas} generation servers planned; the GRPO loop of this version "
+                        "drives one (set cluster.rollout.num_nodes=1 and cluster.rollout.tasks_per_node=1)")]
+    return []

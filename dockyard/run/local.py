@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dockyard import registry
+from dockyard.config import topology
 from dockyard.config.loader import LoadedConfig
 from dockyard.distributed import free_port
 from dockyard.generation.client import EngineClient, GenerationServerError
@@ -77,10 +78,10 @@ def run_local(loaded: LoadedConfig) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     config_file = log_dir / "config.yaml"
     config_file.write_text(loaded.to_yaml())
-    world_size = cfg.cluster.gpus_per_node or cfg.cluster.cpu_ranks_per_node
+    world_size = topology.trainer_world_size(cfg)
     cores = os.cpu_count() or 1
 
-    engine_port, master_port, sync_port = free_port(), free_port(), free_port()
+    engine_port, master_port = free_port(), free_port()
     server = registry.build("generation_backend", cfg.policy.generation.backend, config=cfg)
     engine_log = log_dir / "engine.log"
     children: list[Child] = []
@@ -97,7 +98,7 @@ def run_local(loaded: LoadedConfig) -> int:
             env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port), DOCKYARD_CONFIG=str(config_file),
                        DOCKYARD_ENGINE_URL=url, DOCKYARD_ENGINE_LOG=str(engine_log),
-                       DOCKYARD_WEIGHT_SYNC_PORT=str(sync_port),
+                       DOCKYARD_ENGINE_NAME="generation server (embedded engine)",
                        DOCKYARD_THREADS=str(max(1, cores // world_size)))
             log = None if rank == 0 else log_dir / f"trainer_rank{rank}.log"
             out = None if log is None else open(log, "w")

@@ -1,9 +1,9 @@
-"""`cluster`: how many nodes and GPUs the run has and how they split into trainer / rollout /
-teacher groups (the components of the heterogeneous Slurm job)."""
+"""`cluster`: how many nodes and GPUs the run has, how they split into trainer / rollout /
+teacher groups (the components of the heterogeneous Slurm job), and the Slurm options of the job."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Literal, Optional, Union
 
 from pydantic import NonNegativeInt, PositiveInt
 
@@ -14,12 +14,45 @@ class GroupConfig(Section):
     num_nodes: NonNegativeInt = field(0, "Nodes of this group (a separate het-job component when "
                                       "colocate is false).")
     gpus_per_node: Optional[NonNegativeInt] = field(None, "GPUs per node; null uses cluster.gpus_per_node.")
+    tasks_per_node: Optional[PositiveInt] = field(None, "Servers per node; null: GPUs per node / "
+                                                  "cluster.rollout_gpus_per_replica (1 on CPU).")
+    env: dict[str, str] = field({}, "Environment variables for this group's servers only (trainer ranks: policy.env_vars).")
 
 
 class TrainerGroup(Section):
     num_nodes: Optional[PositiveInt] = field(None, "Trainer nodes; null takes the nodes rollout and "
                                              "teacher do not use.")
     gpus_per_node: Optional[NonNegativeInt] = field(None, "GPUs per node; null uses cluster.gpus_per_node.")
+
+
+class SlurmConfig(Section):
+    """Options of the Slurm job dockyard-submit generates (the dockyard-submit flags override them)."""
+
+    partition: Optional[str] = field(None, "Partition (--partition); null: the cluster's default.")
+    account: Optional[str] = field(None, "Account to charge (--account).")
+    qos: Optional[str] = field(None, "Quality of service (--qos).")
+    time: Union[PositiveInt, str] = field(60, "Time limit: minutes, or Slurm's [D-]HH:MM:SS.",
+                                          "Every component gets the same limit.")
+    constraint: Optional[str] = field(None, "Node features (--constraint).")
+    exclusive: bool = field(False, "Whole nodes (--exclusive).")
+    mem: Optional[str] = field(None, "Memory per node (--mem), e.g. 200G; null: the cluster's default.")
+    cpus_per_task: Optional[PositiveInt] = field(None, "CPUs per task (--cpus-per-task); null: Slurm's default.")
+    gpu_flag: Literal["gpus-per-node", "gres"] = field("gpus-per-node", "How GPUs are requested: gpus-per-node or gres "
+                          "(--gres=gpu:N, for clusters without GPU-count scheduling).")
+    signal_delay_s: PositiveInt = field(120, "Seconds before the time limit at which Slurm sends USR2 "
+                                        "(the run checkpoints and requeues).")
+    requeue: bool = field(True, "Let Slurm requeue the job after preemption or node failure (--requeue).")
+    job_name: Optional[str] = field(None, "Job name; null: the config's name.")
+    folder: Optional[str] = field(None, "Job folder for scripts, pickles and logs (must be on a filesystem "
+                                  "every node sees); null: <logger.log_dir>/slurm.")
+    container_image: Optional[str] = field(None, "Pyxis/enroot image (--container-image) for every srun step.")
+    container_mounts: list[str] = field([], "Pyxis mounts SRC:DST (--container-mounts).")
+    setup: list[str] = field([], "Shell lines run in the batch script before the job starts "
+                             "(module load ..., source venv/bin/activate, export ...).")
+    additional: dict[str, Union[str, int, bool]] = field({}, "Further #SBATCH options for every component, "
+                                                         "e.g. {reservation: myres}.")
+    server_health_timeout_s: PositiveInt = field(900, "How long the driver waits for each generation server's "
+                                                 "/health before it ends the job.")
 
 
 class ClusterConfig(Section):
@@ -37,3 +70,4 @@ class ClusterConfig(Section):
     teacher: GroupConfig = field(GroupConfig, "Teacher group for on-policy distillation (het component 2).")
     rollout_gpus_per_replica: PositiveInt = field(1, "GPUs one generation server uses.",
                                                   "Must divide the rollout GPUs.")
+    slurm: SlurmConfig = field(SlurmConfig, "Options of the Slurm job (dockyard-submit).")

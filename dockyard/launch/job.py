@@ -1,0 +1,105 @@
+"""The job's entry point inside the allocation: what every trainer task of het group 0 runs.
+
+dockyard-submit pickles a `TrainerJob` through submitit; submitit starts it on each trainer task
+(`srun --het-group=0`) and keeps its USR2 -> checkpoint() -> requeue path. Each task turns the
+allocation into a torch.distributed rank; rank 0 (the driver) starts the generation servers as
+their own steps, waits for them, then every rank runs the GRPO loop. A server or rank that dies
+ends the job with a message naming it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import submitit
+import torch
+import torch.distributed as dist
+import yaml
+
+from dockyard.config.schema import MasterConfig
+from dockyard.distributed import backend_for
+from dockyard.launch.allocation import Allocation
+from dockyard.launch.plan import JobPlan
+from dockyard.launch.rendezvous import trainer_store
+from dockyard.launch.servers import (ServerFailed, ServerWatch, dead_server, start_servers, stop_servers,
+                                    wait_ready)
+
+
+class JobFailed(RuntimeError):
+    """Raised in a trainer task so submitit records the failure (and the message) as the job's result."""
+
+
+class TrainerJob(submitit.helpers.Checkpointable):
+    """Picklable: the resolved config file, the plan and the job folder (all on shared storage)."""
+
+    def __init__(self, config_path: str, plan: dict, folder: str):
+        self.config_path, self.plan, self.folder = config_path, plan, folder
+
+    def __call__(self) -> dict:
+        return run_trainer_task(Path(self.config_path), JobPlan.from_dict(self.plan), Path(self.folder))
+
+
+def _threads(plan: JobPlan) -> int:
+    cpus = int(os.environ.get("SLURM_CPUS_PER_TASK", 0))
+    return cpus or max(1, (os.cpu_count() or 1) // plan.trainer.tasks_per_node)
+
+
+def run_trainer_task(config_path: Path, plan: JobPlan, folder: Path) -> dict:
+    from dockyard.loop import grpo
+
+    alloc = Allocation.from_env()
+    cfg = MasterConfig.model_validate(yaml.safe_load(config_path.read_text()))
+    timeout_s = float(os.environ.get("DOCKYARD_COLLECTIVE_TIMEOUT_S", 1800))
+    device = torch.device("cuda", alloc.local_rank) if cfg.cluster.gpus_per_node > 0 else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    os.environ.update(RANK=str(alloc.rank), WORLD_SIZE=str(alloc.world_size), LOCAL_RANK=str(alloc.local_rank),
+                      DOCKYARD_CONFIG=str(config_path), DOCKYARD_THREADS=str(_threads(plan)),
+                      DOCKYARD_WEIGHT_SYNC_ADDR=alloc.node, DOCKYARD_WEIGHT_SYNC_PORT="0")
+    os.environ.update(cfg.policy.env_vars)
+    print(f"dockyard: trainer rank {alloc.rank}/{alloc.world_size} on {alloc.node} (pid {os.getpid()}, job {alloc.job_id}, "
+          f"restart {alloc.restart_count})", file=sys.stderr, flush=True)
+
+    steps, watch = [], None
+    try:
+        if alloc.rank == 0:
+            steps = start_servers(cfg, plan, alloc, folder, "rollout")
+            for step in steps:
+                print(f"dockyard: started {step.name} on {step.node} (log: {step.log})", file=sys.stderr, flush=True)
+            wait_ready(steps, cfg.cluster.slurm.server_health_timeout_s)
+            for step in steps:
+                print(f"dockyard: {step.name} ready at {step.url}", file=sys.stderr, flush=True)
+            os.environ.update(DOCKYARD_ENGINE_URL=steps[0].url, DOCKYARD_ENGINE_LOG=str(steps[0].log),
+                              DOCKYARD_ENGINE_NAME=f"{steps[0].name} on node {steps[0].node}")
+            watch = ServerWatch(steps).start()
+        store = trainer_store(folder / f"rendezvous_{alloc.incarnation}.json", alloc.rank, alloc.world_size,
+                              alloc.node, timeout_s=cfg.cluster.slurm.server_health_timeout_s + 120)
+        from datetime import timedelta
+        dist.init_process_group(backend_for(device), store=store, rank=alloc.rank, world_size=alloc.world_size,
+                                timeout=timedelta(seconds=timeout_s))
+        code = grpo.main()
+        cause = dead_server(steps, grace_s=2.0) if code != 0 and steps else None
+        if cause:
+            raise JobFailed(cause)
+        if code != 0:
+            raise JobFailed(f"trainer rank {alloc.rank} on {alloc.node} ended with status {code} (see its log)")
+        return {"rank": alloc.rank, "node": alloc.node, "status": "completed"}
+    except ServerFailed as err:
+        raise JobFailed(str(err)) from None
+    except KeyboardInterrupt:
+        if watch is not None and watch.failure:
+            raise JobFailed(watch.failure) from None
+        raise
+    except Exception as err:
+        cause = dead_server(steps) if steps else None
+        if cause:
+            raise JobFailed(f"{cause}\n(the trainer then failed with: {type(err).__name__}: {err})") from None
+        raise
+    finally:
+        if watch is not None:
+            watch.stop()
+        stop_servers(steps)
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,194 @@
+"""Generation (and teacher) servers inside the Slurm job, started by the driver (trainer rank 0).
+
+Each server is its own `srun --het-group=k` step pinned to one node: its own log file, its own
+lifetime (the driver can stop and restart it, e.g. after a requeue), and an exit the driver sees as
+the srun process ending. A server binds a port the OS picks and writes it to an address file in the
+job folder; the driver waits for that file and /health with a deadline, and fails at once, naming
+the server, its node and its log, if the step ends first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import _thread
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dockyard import registry
+from dockyard.config.schema import MasterConfig
+from dockyard.generation.client import EngineClient, GenerationServerError
+from dockyard.launch.allocation import Allocation
+from dockyard.launch.plan import JobPlan, ServerGroup
+
+# srun reads these from its environment as if they were options; inside the trainer's step they
+# describe that step and would shape (or break) the server's step.
+_STEP_VARIABLES = re.compile(r"^(SLURM_(NTASKS|NPROCS|NNODES|NTASKS_PER_\w+|CPUS_PER_TASK|GPUS\w*|MEM_PER_\w+|"
+                             r"DISTRIBUTION|CPU_BIND\w*|STEP_\w+|SRUN_COMM_\w+|EXACT|OVERLAP|TASKS_PER_NODE|"
+                             r"PROCID|LOCALID|NODEID|GTIDS|TASK_PID|CPUS_ON_NODE|LAUNCH_NODE_IPADDR|PRIO_PROCESS|"
+                             r"UMASK|DISTRIBUTION|SPANK_\w+)|CUDA_VISIBLE_DEVICES|ROCR_VISIBLE_DEVICES|"
+                             r"GPU_DEVICE_ORDINAL|SUBMITIT_\w+)$")
+STOP_GRACE_S = 20
+
+
+class ServerFailed(RuntimeError):
+    pass
+
+
+@dataclass
+class ServerStep:
+    name: str
+    role: str
+    node: str
+    process: subprocess.Popen
+    log: Path
+    address_file: Path
+    url: str | None = None
+
+    def describe(self) -> str:
+        return f"{self.name} on node {self.node} (srun pid {self.process.pid}, log: {self.log})"
+
+    def tail(self, lines: int = 15) -> str:
+        if not self.log.is_file():
+            return "    | (no log written)"
+        text = self.log.read_text(errors="replace").splitlines()[-lines:]
+        return "\n".join("    | " + line for line in text) or "    | (empty log)"
+
+
+def step_environment(base: dict, extra: dict[str, str]) -> dict:
+    env = {k: v for k, v in base.items() if not _STEP_VARIABLES.match(k)}
+    env.update(extra)
+    return env
+
+
+def srun_command(cfg: MasterConfig, group: ServerGroup, node: str, het: bool, gpus: int, log: Path) -> list[str]:
+    slurm = cfg.cluster.slurm
+    cmd = ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={node}", f"--output={log}", "--kill-on-bad-exit=1",
+           f"--job-name={group.role}"]
+    if het:
+        cmd.append(f"--het-group={group.het_group}")
+    if group.overlap:
+        cmd.append("--overlap")   # shares the trainer's nodes (colocate)
+    elif gpus > 0:
+        cmd.append(f"--gpus-per-task={gpus}")
+    if slurm.container_image:
+        cmd.append(f"--container-image={slurm.container_image}")
+        if slurm.container_mounts:
+            cmd.append(f"--container-mounts={','.join(slurm.container_mounts)}")
+    return cmd
+
+
+def start_servers(cfg: MasterConfig, plan: JobPlan, alloc: Allocation, folder: Path, role: str = "rollout") -> list[ServerStep]:
+    group = plan.server_group(role)
+    if group is None:
+        return []
+    nodes = alloc.nodes(group.het_group)[:group.nodes]
+    server = registry.build("generation_backend", cfg.policy.generation.backend, config=cfg)
+    gpus = cfg.cluster.rollout_gpus_per_replica if cfg.cluster.gpus_per_node > 0 else 0
+    cpus = os.cpu_count() or 1
+    threads = max(1, cpus // group.tasks_per_node) if not group.overlap else max(1, cpus // 2)
+    extra = dict(getattr(cfg.cluster, role).env)
+    steps = []
+    for node in nodes:
+        for slot in range(group.tasks_per_node):
+            index = len(steps)
+            stem = f"{alloc.incarnation}_{role}{index}"
+            log, address_file = folder / f"{stem}_{node}.log", folder / f"{stem}.address.json"
+            address_file.unlink(missing_ok=True)
+            command = srun_command(cfg, group, node, alloc.het_size > 1, gpus, log) + server.command(
+                port=0, host="0.0.0.0", threads=threads, address_file=str(address_file))
+            process = subprocess.Popen(command, env=step_environment(alloc.env, extra), stdin=subprocess.DEVNULL,
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            steps.append(ServerStep(f"{role} server {index}", role, node, process, log, address_file))
+    return steps
+
+
+def wait_ready(steps: list[ServerStep], timeout_s: float) -> None:
+    """Every server has published its address and answers /health, or ServerFailed names the one that did not."""
+    deadline = time.monotonic() + timeout_s
+    for step in steps:
+        while step.url is None:
+            if step.process.poll() is not None:
+                raise ServerFailed(f"{step.describe()} exited with status {step.process.returncode} before "
+                                   f"it was ready\n{step.tail()}")
+            if step.address_file.is_file():
+                port = json.loads(step.address_file.read_text())["port"]
+                step.url = f"http://{step.node}:{port}"
+                break
+            if time.monotonic() > deadline:
+                raise ServerFailed(f"{step.describe()} did not start listening within {timeout_s:.0f} s "
+                                   f"(cluster.slurm.server_health_timeout_s)\n{step.tail()}")
+            time.sleep(0.2)
+        client = EngineClient(step.url, name=step.name, log_path=step.log)
+        try:
+            client.wait_healthy(max(1.0, deadline - time.monotonic()), step.process)
+        except GenerationServerError as err:
+            raise ServerFailed(f"{step.describe()}: {err}\n{step.tail()}") from None
+        finally:
+            client.close()
+
+
+def stop_servers(steps: list[ServerStep]) -> None:
+    for step in steps:
+        if step.process.poll() is None:
+            step.process.send_signal(signal.SIGTERM)   # srun forwards it to the server
+    deadline = time.monotonic() + STOP_GRACE_S
+    for step in steps:
+        try:
+            step.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            step.process.kill()
+            step.process.wait(timeout=10)
+
+
+def dead_server(steps: list[ServerStep], grace_s: float = 5.0) -> str | None:
+    """The first server whose step has ended, waiting up to grace_s for srun to notice: when the trainer
+    fails talking to a server (HTTP, or the weight broadcast), a dead server is the cause to report."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        for step in steps:
+            if step.process.poll() is not None:
+                return (f"{step.describe()} exited with status {step.process.returncode} during the run; "
+                        f"ending the job\n{step.tail()}")
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.2)
+
+
+@dataclass
+class ServerWatch:
+    """Ends the trainer when a server dies mid-run: the main thread gets KeyboardInterrupt (it may be
+    blocked far from any HTTP call, e.g. in a long backward pass); if it has not unwound after
+    `hard_exit_s`, the process exits. Either way the message names the server, node and log."""
+
+    steps: list[ServerStep]
+    hard_exit_s: float = 30.0
+    failure: str | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> "ServerWatch":
+        threading.Thread(target=self._run, name="server-watch", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            for step in self.steps:
+                code = step.process.poll()
+                if code is not None and not self._stop.is_set():
+                    self.failure = (f"{step.describe()} exited with status {code} during the run; "
+                                    f"ending the job\n{step.tail()}")
+                    print(f"dockyard: {self.failure}", file=sys.stderr, flush=True)
+                    _thread.interrupt_main()
+                    if not self._stop.wait(self.hard_exit_s):
+                        print("dockyard: the trainer did not stop in time; exiting", file=sys.stderr, flush=True)
+                        os._exit(3)
+                    return

@@ -1,0 +1,216 @@
+"""dockyard-submit: validate, plan, render and submit ONE heterogeneous Slurm job through submitit.
+
+Everything that can be wrong with a config is reported here, before anything is queued: schema and
+cross-field rules, features this version cannot run, a model folder that does not exist.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Sequence
+
+from dockyard.config import ConfigError, load_config
+from dockyard.config.errors import Problem
+from dockyard.config.loader import LoadedConfig
+from dockyard.config.schema import MasterConfig
+from dockyard.launch.plan import JobPlan, plan_job
+from dockyard.launch.slurm_time import minutes
+
+EXIT_CONFIG, EXIT_FAILED, EXIT_NOT_SUBMITTED = 2, 1, 3
+POLL_S = 3.0
+
+
+def job_folder(cfg: MasterConfig) -> Path:
+    return Path(cfg.cluster.slurm.folder or Path(cfg.logger.log_dir) / "slurm").absolute()
+
+
+def _gpu_flags(cfg: MasterConfig, gpus: int) -> dict[str, Any]:
+    if gpus <= 0:
+        return {}
+    return {"gpus_per_node": gpus} if cfg.cluster.slurm.gpu_flag == "gpus-per-node" else {"gres": f"gpu:{gpus}"}
+
+
+def _shared_flags(cfg: MasterConfig) -> dict[str, Any]:
+    """Options every component carries (Slurm takes them per component)."""
+    slurm = cfg.cluster.slurm
+    flags: dict[str, Any] = {"job_name": slurm.job_name or cfg.name or "dockyard",
+                             "time": int(-(-minutes(slurm.time) // 1))}
+    for key in ("partition", "account", "qos", "constraint", "mem", "cpus_per_task"):
+        if getattr(slurm, key) is not None:
+            flags[key] = getattr(slurm, key)
+    if slurm.exclusive:
+        flags["exclusive"] = True
+    return flags
+
+
+def build_executor(cfg: MasterConfig, plan: JobPlan, folder: Path, require_slurm: bool = True):
+    from dockyard.launch.executor import HetSlurmExecutor
+
+    slurm = cfg.cluster.slurm
+    shared = _shared_flags(cfg)
+    extra = []
+    for component in plan.components[1:]:
+        flags = {k.replace("_", "-"): v for k, v in shared.items()}
+        flags.update({"nodes": component.nodes, "ntasks-per-node": component.tasks_per_node})
+        flags.update({k.replace("_", "-"): v for k, v in _gpu_flags(cfg, component.gpus_per_node).items()})
+        flags.update(slurm.additional)
+        extra.append(flags)
+    executor = HetSlurmExecutor(folder, extra_components=extra, require_slurm=require_slurm)
+    trainer = plan.trainer
+    srun_args = ["--kill-on-bad-exit=1"] + (["--het-group=0"] if extra else [])
+    if slurm.container_image:
+        srun_args.append(f"--container-image={slurm.container_image}")
+        if slurm.container_mounts:
+            srun_args.append(f"--container-mounts={','.join(slurm.container_mounts)}")
+    additional: dict[str, Any] = dict(slurm.additional)
+    if slurm.requeue:
+        additional["requeue"] = True
+    executor.update_parameters(nodes=trainer.nodes, ntasks_per_node=trainer.tasks_per_node,
+                               signal_delay_s=slurm.signal_delay_s, setup=list(slurm.setup), srun_args=srun_args,
+                               additional_parameters=additional, **shared, **_gpu_flags(cfg, trainer.gpus_per_node))
+    return executor
+
+
+def preflight(cfg: MasterConfig) -> list[Problem]:
+    from dockyard.loop.support import slurm_shape, unsupported
+    from dockyard.models import ModelNotFoundError, model_folder
+
+    problems = unsupported(cfg) + slurm_shape(cfg)
+    try:
+        model_folder(cfg.policy.model_name)
+    except ModelNotFoundError as err:
+        problems.append(Problem("policy.model_name", str(err)))
+    return problems
+
+
+def _flag_overrides(ns: argparse.Namespace) -> list[str]:
+    pairs = [("cluster.num_nodes", ns.nodes), ("cluster.slurm.partition", ns.partition),
+             ("cluster.slurm.account", ns.account), ("cluster.slurm.qos", ns.qos), ("cluster.slurm.time", ns.time)]
+    return [f"{key}={shlex.quote(str(value)) if key.endswith('time') and ':' in str(value) else value}"
+            for key, value in pairs if value is not None]
+
+
+def _say(message: str) -> None:
+    print(f"dockyard-submit: {message}", file=sys.stderr, flush=True)
+
+
+def _headline(error: BaseException) -> str:
+    """dockyard's own JobFailed text where a task raised it, else the last line of the traceback."""
+    text = str(error).split("\n\n-----")[0].strip()
+    marker = "JobFailed: "
+    if marker in text:
+        return text[text.rindex(marker) + len(marker):]
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else type(error).__name__
+
+
+def failure_report(job) -> str:
+    """Why the job failed: Slurm's account of which task exited first, then each trainer task's reason."""
+    lines = []
+    batch_err = Path(str(job.paths.stderr).replace("%t", "0"))
+    if batch_err.is_file():
+        lines += [line for line in batch_err.read_text(errors="replace").splitlines()
+                  if line.startswith("srun: error:")][:4]
+    for task in range(job.num_tasks):
+        try:
+            error = job.task(task).exception()
+        except Exception as err:  # no result pickle: submitit says the task produced no output
+            error = err
+        if error is not None:
+            lines.append(f"trainer task {task}: {_headline(error)}")
+    return "\n".join(lines)
+
+
+def wait_for(job, timeout_s: float | None) -> int:
+    started, last = time.monotonic(), None
+    while not job.done(force_check=True):
+        state = job.watcher.get_state(job.job_id, mode="cache")
+        if state != last:
+            _say(f"job {job.job_id}: {state}")
+            last = state
+        if timeout_s is not None and time.monotonic() - started > timeout_s:
+            _say(f"stopped waiting after {timeout_s:.0f} s (--wait-timeout); job {job.job_id} is still {state}")
+            return 4
+        time.sleep(POLL_S)
+    state = job.watcher.get_state(job.job_id, mode="force")
+    failure = failure_report(job)
+    if state == "COMPLETED" and "trainer task" not in failure:
+        _say(f"job {job.job_id}: COMPLETED")
+        return 0
+    _say(f"job {job.job_id} ended: {state}" + (f"\n{failure}" if failure else ""))
+    _say(f"logs: {job.paths.folder}")
+    return EXIT_FAILED
+
+
+def submit(loaded: LoadedConfig, dry_run: bool, wait: bool, wait_timeout_s: float | None) -> int:
+    from dockyard.launch.job import TrainerJob
+
+    cfg = loaded.config
+    problems = preflight(cfg)
+    if problems:
+        _say(f"config {loaded.source} cannot run ({len(problems)} problem{'s' if len(problems) != 1 else ''}):")
+        for problem in problems:
+            print(f"  - {problem}", file=sys.stderr)
+        _say("nothing was submitted")
+        return EXIT_CONFIG
+    plan = plan_job(cfg)
+    folder = job_folder(cfg)
+    print(f"plan for {loaded.source} ({plan.total_nodes} nodes):\n{plan.table()}\n")
+    if dry_run:
+        executor = build_executor(cfg, plan, folder, require_slurm=False)
+        print("sbatch script:\n")
+        print(executor._make_submission_file_text(executor._submitit_command_str, "dry-run"))
+        _say("dry run: nothing was submitted")
+        return 0
+    executor = build_executor(cfg, plan, folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    config_path = folder / f"config_{time.strftime('%Y%m%d-%H%M%S')}_{uuid.uuid4().hex[:6]}.yaml"
+    config_path.write_text(loaded.to_yaml())
+    Path(cfg.logger.log_dir).mkdir(parents=True, exist_ok=True)
+    (Path(cfg.logger.log_dir) / "config.yaml").write_text(loaded.to_yaml())
+    try:
+        job = executor.submit(TrainerJob(str(config_path), plan.to_dict(), str(folder)))
+    except Exception as err:  # sbatch refused: its message says why (partition, account, limits)
+        _say(f"sbatch refused the job: {err}")
+        return EXIT_NOT_SUBMITTED
+    stdout = str(job.paths.stdout).replace("%t", "0")
+    print(f"submitted job {job.job_id}\n"
+          f"  driver log (trainer rank 0): {stdout}\n"
+          f"  errors:                      {str(job.paths.stderr).replace('%t', '0')}\n"
+          f"  server logs:                 {folder}/{job.job_id}.<restart>_rollout<i>_<node>.log\n"
+          f"  metrics:                     {cfg.logger.log_dir} (tensorboard --logdir {cfg.logger.log_dir})\n"
+          f"  follow:                      tail -f {stdout}   |   squeue -j {job.job_id}   |   scancel {job.job_id}",
+          flush=True)
+    if wait:
+        return wait_for(job, wait_timeout_s)
+    return 0
+
+
+def submit_main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dockyard-submit",
+                                     description="validate a config and submit it as one heterogeneous Slurm job")
+    parser.add_argument("--config", required=True, help="config file (a path, or a name from the config family)")
+    parser.add_argument("--config-dir", action="append", default=[], metavar="DIR",
+                        help="extra folder searched for configs and groups (repeatable)")
+    parser.add_argument("--nodes", type=int, help="nodes for the whole run (cluster.num_nodes)")
+    parser.add_argument("--partition", help="cluster.slurm.partition")
+    parser.add_argument("--account", help="cluster.slurm.account")
+    parser.add_argument("--qos", help="cluster.slurm.qos")
+    parser.add_argument("--time", help="cluster.slurm.time: minutes or [D-]HH:MM:SS")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and the sbatch script; submit nothing")
+    parser.add_argument("--wait", action="store_true", help="block until the job ends; exit with its status")
+    parser.add_argument("--wait-timeout", type=float, metavar="S", help="with --wait: stop waiting after S seconds")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides (a.b=v, +a.new=v, ~a.b)")
+    ns = parser.parse_intermixed_args(argv)   # overrides may come before or after the flags
+    try:
+        loaded = load_config(ns.config, list(ns.overrides) + _flag_overrides(ns), ns.config_dir)
+    except ConfigError as err:
+        print(err.render(), file=sys.stderr)
+        _say("nothing was submitted")
+        return EXIT_CONFIG
+    return submit(loaded, ns.dry_run, ns.wait, ns.wait_timeout)

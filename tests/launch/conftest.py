@@ -1,0 +1,45 @@
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+
+def slurm_cluster_up() -> tuple[bool, str]:
+    if shutil.which("sinfo") is None or shutil.which("sbatch") is None:
+        return False, "no Slurm client on PATH (start one with: sudo bash slurm/dev-cluster/start.sh)"
+    probe = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=30)
+    if probe.returncode != 0:
+        return False, f"sinfo failed: {probe.stderr.strip()}"
+    if shutil.which("sacct") is None or subprocess.run(["sacct", "-n", "-X", "-S", "now"], capture_output=True,
+                                                        timeout=30).returncode != 0:
+        return False, "Slurm accounting (sacct) is not working; the dev cluster starts it"
+    return True, ""
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """The real local Slurm cluster (slurm/dev-cluster/start.sh). CI sets DOCKYARD_REQUIRE_SLURM=1 so
+    a missing cluster fails the suite instead of skipping these tests."""
+    up, why = slurm_cluster_up()
+    if not up:
+        if os.environ.get("DOCKYARD_REQUIRE_SLURM") == "1":
+            pytest.fail(f"DOCKYARD_REQUIRE_SLURM=1 but the Slurm cluster is not usable: {why}")
+        pytest.skip(why)
+
+
+def submit_cli(workdir: Path, model_dir: Path, *args: str) -> list[str]:
+    """argv of dockyard-submit on grpo_tiny with every output folder under workdir."""
+    return [sys.executable, "-c", "import sys; from dockyard.cli import submit_main; sys.exit(submit_main())",
+            "--config", "grpo_tiny.yaml", f"models_dir={model_dir.parent}",
+            f"cluster.slurm.folder={workdir}/slurm", *args]
+
+
+def run_submit(workdir: Path, model_dir: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    workdir.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(submit_cli(workdir, model_dir, *args), cwd=workdir, capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ, PYTHONPATH=str(REPO)))
