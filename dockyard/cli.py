@@ -52,6 +52,12 @@ def cmd_validate(ns: argparse.Namespace) -> int:
             failed += 1
             print(err.render(), file=sys.stderr)
             continue
+        if ns.out:
+            if len(files) > 1:
+                print("dockyard validate: --out takes one config", file=sys.stderr)
+                return EXIT_CONFIG
+            Path(ns.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(ns.out).write_text(loaded.to_yaml())
         if ns.show:
             print(f"# {loaded.source}")
             print(loaded.to_yaml())
@@ -101,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     validate = sub.add_parser("validate", help="check configs and print every violation, or ok")
     _add_config_args(validate)
     validate.add_argument("--show", action="store_true", help="print the resolved config")
+    validate.add_argument("--out", metavar="FILE", help="write the resolved config to FILE (what a job reads)")
     validate.add_argument("args", nargs="*", metavar="PATH|OVERRIDE",
                           help="config files or folders, and Hydra overrides (a.b=v, +a.new=v, ~a.b)")
     validate.set_defaults(func=cmd_validate)

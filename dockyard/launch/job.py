@@ -41,6 +41,15 @@ class TrainerJob(submitit.helpers.Checkpointable):
         return run_trainer_task(Path(self.config_path), JobPlan.from_dict(self.plan), Path(self.folder))
 
 
+def run_trainer_task_from_config(config_path: Path, folder: Path) -> dict:
+    """The hand-written sbatch templates' path: the plan is derived from the resolved config."""
+    from dockyard.launch.plan import plan_job
+
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = MasterConfig.model_validate(yaml.safe_load(config_path.read_text()))
+    return run_trainer_task(config_path, plan_job(cfg), folder)
+
+
 def _threads(plan: JobPlan) -> int:
     cpus = int(os.environ.get("SLURM_CPUS_PER_TASK", 0))
     return cpus or max(1, (os.cpu_count() or 1) // plan.trainer.tasks_per_node)
@@ -80,7 +89,7 @@ def run_trainer_task(config_path: Path, plan: JobPlan, folder: Path) -> dict:
         dist.init_process_group(backend_for(device), store=store, rank=alloc.rank, world_size=alloc.world_size,
                                 timeout=timedelta(seconds=timeout_s))
         code = grpo.main()
-        cause = dead_server(steps, grace_s=2.0) if code != 0 and steps else None
+        cause = dead_server(steps, grace_s=10.0) if code != 0 and steps else None
         if cause:
             raise JobFailed(cause)
         if code != 0:
@@ -93,7 +102,7 @@ def run_trainer_task(config_path: Path, plan: JobPlan, folder: Path) -> dict:
             raise JobFailed(watch.failure) from None
         raise
     except Exception as err:
-        cause = dead_server(steps) if steps else None
+        cause = dead_server(steps, grace_s=10.0) if steps else None
         if cause:
             raise JobFailed(f"{cause}\n(the trainer then failed with: {type(err).__name__}: {err})") from None
         raise

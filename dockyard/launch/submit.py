@@ -126,21 +126,38 @@ def failure_report(job) -> str:
     return "\n".join(lines)
 
 
+END_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
+              "DEADLINE", "PREEMPTED"}
+RESULTS_WITHOUT_STATE_S = 60
+
+
+def _state(job) -> str:
+    # "CANCELLED by 0" -> CANCELLED
+    return job.watcher.get_state(job.job_id, mode="force").split()[0]
+
+
 def wait_for(job, timeout_s: float | None) -> int:
-    started, last = time.monotonic(), None
-    while not job.done(force_check=True):
-        state = job.watcher.get_state(job.job_id, mode="cache")
+    """Until Slurm reports an end state (a requeued job is not ended). Where sacct never answers, every
+    trainer task's result file standing for a minute counts as the end."""
+    started, last, results_since = time.monotonic(), None, None
+    while True:
+        state = _state(job)
         if state != last:
             _say(f"job {job.job_id}: {state}")
             last = state
+        if state in END_STATES:
+            break
+        if all(job.task(t).paths.result_pickle.exists() for t in range(job.num_tasks)):
+            results_since = results_since or time.monotonic()
+            if state == "UNKNOWN" and time.monotonic() - results_since > RESULTS_WITHOUT_STATE_S:
+                break
         if timeout_s is not None and time.monotonic() - started > timeout_s:
             _say(f"stopped waiting after {timeout_s:.0f} s (--wait-timeout); job {job.job_id} is still {state}")
             return 4
         time.sleep(POLL_S)
-    state = job.watcher.get_state(job.job_id, mode="force")
     failure = failure_report(job)
-    if state == "COMPLETED" and "trainer task" not in failure:
-        _say(f"job {job.job_id}: COMPLETED")
+    if state in ("COMPLETED", "UNKNOWN") and "trainer task" not in failure:
+        _say(f"job {job.job_id}: finished")
         return 0
     _say(f"job {job.job_id} ended: {state}" + (f"\n{failure}" if failure else ""))
     _say(f"logs: {job.paths.folder}")

@@ -31,7 +31,7 @@ def test_grpo_tiny_runs_as_a_het_job_on_three_nodes(slurm_cluster, tmp_path, tin
     result = run_submit(tmp_path, tiny_model, "--nodes", "3", "--wait", timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     job = job_id_of(result.stdout)
-    assert "COMPLETED" in result.stderr
+    assert "COMPLETED" in result.stderr and "finished" in result.stderr
     # trainer ranks on two nodes, the engine on the third, as Slurm placed them
     nodes = sacct_nodes(job)
     assert nodes[f"{job}+0"] == "node[1-2]" and nodes[f"{job}+1"] == "node3", nodes

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The test suite: starts the local Slurm cluster (slurm/dev-cluster/start.sh; needs root, installs
+# Debian packages the first time) so the Slurm tests run against a real Slurm, then runs pytest.
+# Without root the cluster cannot start and the Slurm tests are skipped (with the reason).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" = 0 ]; then
+  bash slurm/dev-cluster/start.sh
+  export DOCKYARD_REQUIRE_SLURM=1   # a broken cluster now fails the Slurm tests instead of skipping them
+else
+  echo "tools/test.sh: not root; the local Slurm cluster is not started (Slurm tests will skip)" >&2
+fi
+exec .venv/bin/python -m pytest -q "$@"
