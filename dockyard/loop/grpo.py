@@ -274,6 +274,13 @@ class GRPOTrainer:
         start = self.resume()
         logger = MetricsLogger(cfg.logger.log_dir, cfg.logger.tensorboard_enabled, cfg.grpo.max_num_steps, start) \
             if self.world.is_main else None
+        gpus = None
+        if logger and cfg.cluster.gpus_per_node > 0:
+            from dockyard.io.gpu_monitor import GpuMonitor
+
+            gpus = GpuMonitor()
+            if not gpus.available:
+                print(f"dockyard: no GPU figures in the metrics: {gpus.reason}", file=sys.stderr, flush=True)
         if cfg.grpo.val_at_start and start == 0 and cfg.data.validation is not None:
             val = self.validate()
             if logger:
@@ -303,6 +310,8 @@ class GRPOTrainer:
                 metrics["time/step"] = total
                 metrics["time/overhead"] = max(0.0, total - compute)
                 metrics["time/overhead_fraction"] = metrics["time/overhead"] / total
+                if gpus is not None:
+                    metrics.update(gpus.sample())
                 logger.log(step, metrics)
         if logger:
             logger.close()
