@@ -90,6 +90,7 @@ def test_a_dead_component_ends_the_job_within_60_s_naming_it(slurm_cluster, tmp_
     finally:
         if process.poll() is None:
             process.kill()
+    print(f"{victim}: the job ended {ended:.1f} s after the kill")
     assert process.returncode == 1, out + err
     assert ended <= 60, f"the job took {ended:.0f} s to end after the kill"
     assert "FAILED" in err
