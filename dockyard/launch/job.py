@@ -68,6 +68,11 @@ def run_trainer_task(config_path: Path, plan: JobPlan, folder: Path) -> dict:
                       DOCKYARD_CONFIG=str(config_path), DOCKYARD_THREADS=str(_threads(plan)),
                       DOCKYARD_WEIGHT_SYNC_ADDR=alloc.node, DOCKYARD_WEIGHT_SYNC_PORT="0")
     os.environ.update(cfg.policy.env_vars)
+    if alloc.het_size > 1:
+        # tools that read the plain variable (submitit's helpers, user code) must see the trainer's
+        # nodes, not another component's or the union
+        os.environ["SLURM_JOB_NODELIST"] = os.environ.get("SLURM_JOB_NODELIST_HET_GROUP_0",
+                                                          os.environ.get("SLURM_JOB_NODELIST", ""))
     print(f"dockyard: trainer rank {alloc.rank}/{alloc.world_size} on {alloc.node} (pid {os.getpid()}, job {alloc.job_id}, "
           f"restart {alloc.restart_count})", file=sys.stderr, flush=True)
 
