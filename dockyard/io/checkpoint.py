@@ -101,6 +101,10 @@ class CheckpointManager:
             raise FileNotFoundError(f"{pointer} names step {step}, but {path} is not a complete checkpoint")
         return path
 
+    def latest_step(self) -> int | None:
+        pointer = self.root / POINTER
+        return int(pointer.read_text().strip()) if pointer.is_file() else None
+
     def load(self, path: Path, model: torch.nn.Module, optimizer, scheduler) -> dict[str, Any]:
         model_state, optim_state = get_state_dict(model, optimizer)
         state = {"model": model_state, "optim": optim_state}
@@ -119,6 +123,14 @@ class CheckpointManager:
     def save(self, step: int, model: torch.nn.Module, optimizer, scheduler, trainer_state: dict[str, Any]) -> Path:
         final = self.root / f"step_{step}"
         tmp = self.root / f"step_{step}.tmp"
+        _barrier()
+        if (final / "trainer_state.json").is_file():
+            # this step is already saved (a rerun after a resume, or a stop right after a periodic save);
+            # replacing it would open a moment in which the pointer names a missing folder
+            if self.rank == 0:
+                _write_atomic(self.root / POINTER, f"{step}\n")
+            _barrier()
+            return final
         if self.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)  # leftovers of a save that was killed
@@ -131,8 +143,7 @@ class CheckpointManager:
             state = dict(trainer_state, step=step, scheduler=scheduler.state_dict() if scheduler else None)
             (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2, default=float))
             _fsync_tree(tmp)
-            if final.exists():
-                shutil.rmtree(final)
+            shutil.rmtree(final, ignore_errors=True)  # an incomplete leftover (no trainer_state.json)
             os.replace(tmp, final)
             _write_atomic(self.root / POINTER, f"{step}\n")
             self._apply_retention(step)

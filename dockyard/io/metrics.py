@@ -14,10 +14,11 @@ from tqdm import tqdm
 class TensorBoardWriter:
     """TensorBoard event files under logger.log_dir."""
 
-    def __init__(self, log_dir: str | Path):
+    def __init__(self, log_dir: str | Path, start_step: int = 0):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(log_dir))
+        # after a resume, steps beyond the checkpoint (logged before a kill) are redone: drop the old ones
+        self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=start_step + 1 if start_step else None)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         for name, value in metrics.items():
@@ -29,8 +30,16 @@ class TensorBoardWriter:
 
 
 class JsonlWriter:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, start_step: int = 0):
         self.path = path
+        if start_step and path.is_file():
+            # a resumed run redoes the steps after its checkpoint: their old lines go
+            lines = path.read_text(encoding="utf-8").splitlines()
+            kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= start_step]
+            if len(kept) != len(lines):
+                tmp = path.with_name(path.name + ".tmp")
+                tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+                tmp.replace(path)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         with open(self.path, "a", encoding="utf-8") as handle:
@@ -72,9 +81,9 @@ class MetricsLogger:
     def __init__(self, log_dir: str | Path, tensorboard: bool, total_steps: int, start_step: int):
         log_dir = Path(log_dir)
         log_dir.mkdir(parents=True, exist_ok=True)
-        self.sinks = [JsonlWriter(log_dir / "metrics.jsonl")]
+        self.sinks = [JsonlWriter(log_dir / "metrics.jsonl", start_step)]
         if tensorboard:
-            self.sinks.append(TensorBoardWriter(log_dir / "tensorboard"))
+            self.sinks.append(TensorBoardWriter(log_dir / "tensorboard", start_step))
         self.console = ConsoleProgress(total_steps, start_step)
 
     def log(self, step: int, metrics: dict[str, float], console: bool = True) -> None:

@@ -10,7 +10,9 @@ ends the job with a message naming it.
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import time
 from pathlib import Path
 
 import submitit
@@ -22,6 +24,8 @@ from dockyard.config.schema import MasterConfig
 from dockyard.distributed import backend_for
 from dockyard.launch.allocation import Allocation
 from dockyard.launch.plan import JobPlan
+from dockyard.launch.preemption import allocation_end_time, requeue
+from dockyard.loop.stopping import RunStopped, StopRequests
 from dockyard.launch.rendezvous import trainer_store
 from dockyard.launch.servers import (ServerFailed, ServerWatch, dead_server, start_servers, stop_servers,
                                     wait_ready)
@@ -76,6 +80,12 @@ def run_trainer_task(config_path: Path, plan: JobPlan, folder: Path) -> dict:
     print(f"dockyard: trainer rank {alloc.rank}/{alloc.world_size} on {alloc.node} (pid {os.getpid()}, job {alloc.job_id}, "
           f"restart {alloc.restart_count})", file=sys.stderr, flush=True)
 
+    end = allocation_end_time(alloc.job_id)
+    stopper = StopRequests(device, deadline=end, margin_s=cfg.cluster.slurm.deadline_margin_s).install()
+    if alloc.rank == 0 and end is not None:
+        print(f"dockyard: the allocation ends at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(end))} "
+              f"({(end - time.time()) / 60:.1f} min from now); the run saves and requeues before that",
+              file=sys.stderr, flush=True)
     steps, watch = [], None
     try:
         if alloc.rank == 0:
@@ -87,22 +97,31 @@ def run_trainer_task(config_path: Path, plan: JobPlan, folder: Path) -> dict:
                 print(f"dockyard: {step.name} ready at {step.url}", file=sys.stderr, flush=True)
             os.environ.update(DOCKYARD_ENGINE_URL=steps[0].url, DOCKYARD_ENGINE_LOG=str(steps[0].log),
                               DOCKYARD_ENGINE_NAME=f"{steps[0].name} on node {steps[0].node}")
-            watch = ServerWatch(steps).start()
+            watch = ServerWatch(steps, stopper=stopper).start()
         store = trainer_store(folder / f"rendezvous_{alloc.incarnation}.json", alloc.rank, alloc.world_size,
                               alloc.node, timeout_s=cfg.cluster.slurm.server_health_timeout_s + 120)
         from datetime import timedelta
         dist.init_process_group(backend_for(device), store=store, rank=alloc.rank, world_size=alloc.world_size,
                                 timeout=timedelta(seconds=timeout_s))
-        code = grpo.main()
+        code = grpo.main(stopper)
         cause = dead_server(steps, grace_s=10.0) if code != 0 and steps else None
         if cause:
             raise JobFailed(cause)
         if code != 0:
             raise JobFailed(f"trainer rank {alloc.rank} on {alloc.node} ended with status {code} (see its log)")
         return {"rank": alloc.rank, "node": alloc.node, "status": "completed"}
+    except RunStopped as stop:
+        if alloc.rank == 0:
+            print(f"dockyard: {stop}", file=sys.stderr, flush=True)
+            if stop.wants_requeue:
+                requeue(alloc.job_id)
+        # no result for submitit to record: this incarnation is over, the job itself is not
+        raise SystemExit(0) from None
     except ServerFailed as err:
         raise JobFailed(str(err)) from None
     except KeyboardInterrupt:
+        if stopper.requested and not (watch is not None and watch.failure):
+            raise SystemExit(0) from None
         if watch is not None and watch.failure:
             raise JobFailed(watch.failure) from None
         raise
@@ -112,6 +131,10 @@ def run_trainer_task(config_path: Path, plan: JobPlan, folder: Path) -> dict:
             raise JobFailed(f"{cause}\n(the trainer then failed with: {type(err).__name__}: {err})") from None
         raise
     finally:
+        # The work is done or saved. A late USR2 / SIGTERM must not kill the process while it writes its
+        # result: Python's exit restores the default action (terminate) for signals it handled.
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if watch is not None:
             watch.stop()
         stop_servers(steps)

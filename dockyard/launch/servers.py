@@ -168,6 +168,7 @@ class ServerWatch:
     `hard_exit_s`, the process exits. Either way the message names the server, node and log."""
 
     steps: list[ServerStep]
+    stopper: object = None      # a StopRequests: once a stop is under way, servers going away is expected
     hard_exit_s: float = 30.0
     failure: str | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -183,6 +184,8 @@ class ServerWatch:
         while not self._stop.wait(1.0):
             for step in self.steps:
                 code = step.process.poll()
+                if code is not None and self.stopper is not None and self.stopper.requested:
+                    return
                 if code is not None and not self._stop.is_set():
                     self.failure = (f"{step.describe()} exited with status {code} during the run; "
                                     f"ending the job\n{step.tail()}")

@@ -12,6 +12,7 @@ Token in, token out: the trainer trains on the exact token ids the engine sample
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import sys
 import time
@@ -28,7 +29,9 @@ from dockyard.data.datasets import (DatasetError, Prompt, PromptLoader, build_me
 from dockyard.distributed import WorldInfo, init_trainer_world
 from dockyard.generation.client import EngineClient, GenerationServerError, WeightBroadcaster
 from dockyard.generation.engine import SamplingParams
-from dockyard.io.checkpoint import CheckpointManager
+from dockyard.io.checkpoint import CheckpointManager, rng_state, set_rng_state
+from dockyard.loop import stopping
+from dockyard.loop.stopping import RunStopped
 from dockyard.models import DTYPES, load_tokenizer
 from dockyard.policy.dtensor import Sample
 
@@ -69,6 +72,14 @@ def _without(prompts: list[Prompt], held_out: set[str], name: str) -> list[Promp
     if not kept:
         raise DatasetError(f"dataset {name!r}: every row is also a validation prompt")
     return kept
+
+
+class StepAbandoned(Exception):
+    """A stop was agreed before this step trained anything; the step is dropped, not saved."""
+
+    def __init__(self, code: int):
+        super().__init__(stopping.DESCRIPTION[code])
+        self.code = code
 
 
 class GRPOTrainer:
@@ -114,6 +125,8 @@ class GRPOTrainer:
             chat = cfg.policy.generation.chat_template
             self.chat_template = Path(chat.path).read_text() if chat.path else None
         self.engine_is_current = False
+        self.stopper: stopping.StopRequests | None = None
+        self.generating = False
 
     # --- helpers ------------------------------------------------------------------------------
 
@@ -185,6 +198,26 @@ class GRPOTrainer:
                    "gen/engine_seconds": float(self.client.last_usage.get("generation_seconds", 0.0))}
         return samples, rewards, metrics
 
+    def _generate_for_step(self, step: int):
+        """Rank 0's rollouts; None when a stop was requested and the servers went away meanwhile."""
+        self.generating = True
+        try:
+            return self.generate_and_score(step)
+        except GenerationServerError:
+            if self.stopper is not None and self.stopper.requested:
+                return None
+            raise
+        finally:
+            self.generating = False
+
+    def abort_generation(self) -> None:
+        """Called from a signal's helper thread: in-flight rollouts return now (the step is then dropped)."""
+        if self.generating:
+            try:
+                EngineClient(self.client.url, name=self.client.name, request_timeout_s=30).abort()
+            except GenerationServerError:
+                pass
+
     def validate(self) -> dict[str, float]:
         """Greedy accuracy on the validation split (engine weights refreshed first)."""
         self.refit()
@@ -202,8 +235,14 @@ class GRPOTrainer:
         started = time.perf_counter()
         with self.timer("refit"):
             self.refit()
-        payload = self.generate_and_score(step) if self.world.is_main else None
-        samples, rewards, metrics = self._broadcast(payload)
+        payload = self._generate_for_step(step) if self.world.is_main else None
+        payload = self._broadcast(payload)
+        if self.stopper is not None:
+            # a safe point: every rank holds the batch and nothing is trained yet
+            code = self.stopper.agree()
+            if code or payload is None:
+                raise StepAbandoned(code or stopping.TERM)
+        samples, rewards, metrics = payload
         # Mini-batch j is rollouts [jM, (j+1)M); each rank trains on every world_size-th of them.
         trained = samples
         if self.cfg.grpo.filters.identical_reward:
@@ -267,6 +306,37 @@ class GRPOTrainer:
             print(f"resumed from {path} (step {state['step']})", file=sys.stderr, flush=True)
         return int(state["step"])
 
+    def _snapshot(self) -> dict:
+        return {"loaders": copy.deepcopy([loader.state_dict() for loader in self.loaders]) if self.world.is_main
+                else None, "rng": rng_state()}
+
+    def _restore(self, snapshot: dict) -> None:
+        if self.world.is_main:
+            for loader, state in zip(self.loaders, snapshot["loaders"]):
+                loader.load_state_dict(state)
+        set_rng_state(snapshot["rng"])
+
+    def _save(self, step: int, metrics: dict[str, float]) -> None:
+        started = time.perf_counter()
+        with self.timer("checkpoint"):
+            self.checkpoints.save(step, self.policy.model, self.policy.optimizer, self.policy.scheduler,
+                                  self._trainer_state({k: v for k, v in metrics.items() if isinstance(v, float)}))
+        if self.stopper is not None:
+            self.stopper.note_save(time.perf_counter() - started)
+
+    def _stop(self, code: int, step: int, metrics: dict[str, float]) -> None:
+        """Save the state after `step` (unless that checkpoint exists) and raise RunStopped."""
+        ckpt = self.cfg.checkpointing
+        if not ckpt.enabled:
+            print("dockyard: checkpointing is disabled; stopping without saving", file=sys.stderr, flush=True)
+        elif step > 0 and self.checkpoints.latest_step() != step:
+            started = time.perf_counter()
+            self._save(step, metrics)
+            if self.world.is_main:
+                print(f"dockyard: saved step {step} in {time.perf_counter() - started:.2f} s "
+                      f"({stopping.DESCRIPTION[code]})", file=sys.stderr, flush=True)
+        raise RunStopped(code, step)
+
     def run(self) -> None:
         from dockyard.io.metrics import MetricsLogger
 
@@ -281,13 +351,30 @@ class GRPOTrainer:
             gpus = GpuMonitor()
             if not gpus.available:
                 print(f"dockyard: no GPU figures in the metrics: {gpus.reason}", file=sys.stderr, flush=True)
+        try:
+            self._run_steps(start, logger, gpus)
+        finally:
+            if logger:
+                logger.close()
+
+    def _run_steps(self, start: int, logger, gpus) -> None:
+        cfg = self.cfg
         if cfg.grpo.val_at_start and start == 0 and cfg.data.validation is not None:
             val = self.validate()
             if logger:
                 logger.log(0, val, console=False)
+        last_metrics: dict[str, float] = {}
         for step in range(start + 1, cfg.grpo.max_num_steps + 1):
+            if self.stopper is not None and (code := self.stopper.agree()):
+                self._stop(code, step - 1, last_metrics)
+            snapshot = self._snapshot() if self.stopper is not None else None
             step_started = time.perf_counter()
-            metrics = self.train_step(step)
+            try:
+                metrics = self.train_step(step)
+            except StepAbandoned as abandoned:
+                # nothing of this step was trained: back to the state after the previous step
+                self._restore(snapshot)
+                self._stop(abandoned.code, step - 1, last_metrics)
             if cfg.grpo.val_period and step % cfg.grpo.val_period == 0 and cfg.data.validation is not None:
                 with self.timer("validate"):
                     metrics.update(self.validate())
@@ -295,13 +382,13 @@ class GRPOTrainer:
             last = step == cfg.grpo.max_num_steps
             ckpt = cfg.checkpointing
             if ckpt.enabled and ((ckpt.save_period > 0 and step % ckpt.save_period == 0) or last):
-                with self.timer("checkpoint"):
-                    self.checkpoints.save(step, self.policy.model, self.policy.optimizer, self.policy.scheduler,
-                                          self._trainer_state({k: v for k, v in metrics.items()
-                                                               if isinstance(v, float)}))
+                self._save(step, metrics)
                 metrics["time/checkpoint"] = self.timer.seconds["checkpoint"]
+            total = time.perf_counter() - step_started
+            if self.stopper is not None:
+                self.stopper.note_step(total)
+            last_metrics = {k: v for k, v in metrics.items() if isinstance(v, float)}
             if logger:
-                total = time.perf_counter() - step_started
                 # Orchestration overhead: step time not spent computing (engine decoding, trainer
                 # forward/backward, validation, checkpoint writes): HTTP, tokenising, scoring,
                 # batch broadcast, weight transfer, bookkeeping.
@@ -313,11 +400,9 @@ class GRPOTrainer:
                 if gpus is not None:
                     metrics.update(gpus.sample())
                 logger.log(step, metrics)
-        if logger:
-            logger.close()
 
 
-def main() -> int:
+def main(stopper: "stopping.StopRequests | None" = None) -> int:
     config_path = os.environ["DOCKYARD_CONFIG"]
     cfg = MasterConfig.model_validate(yaml.safe_load(Path(config_path).read_text()))
     threads = int(os.environ.get("DOCKYARD_THREADS", "0"))
@@ -330,6 +415,10 @@ def main() -> int:
     try:
         trainer = GRPOTrainer(cfg, world, device, os.environ.get("DOCKYARD_ENGINE_URL", ""),
                               os.environ.get("DOCKYARD_ENGINE_LOG"), int(os.environ.get("DOCKYARD_WEIGHT_SYNC_PORT", 0)))
+        if stopper is not None:
+            trainer.stopper = stopper
+            if world.is_main:
+                stopper.on_signal = trainer.abort_generation
         trainer.run()
     except GenerationServerError as err:
         print(f"dockyard: {err}", file=sys.stderr, flush=True)

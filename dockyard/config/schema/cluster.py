@@ -51,6 +51,9 @@ class SlurmConfig(Section):
                              "(module load ..., source venv/bin/activate, export ...).")
     additional: dict[str, Union[str, int, bool]] = field({}, "Further #SBATCH options for every component, "
                                                          "e.g. {reservation: myres}.")
+    deadline_margin_s: NonNegativeInt = field(60, "The run saves and requeues itself when the allocation's end "
+                                              "is closer than its longest step + longest save + this margin "
+                                              "(in case no signal comes in time).")
     server_health_timeout_s: PositiveInt = field(900, "How long the driver waits for each generation server's "
                                                  "/health before it ends the job.")
 
