@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from datetime import timedelta
 from pathlib import Path
 
 import torch.distributed as dist
+
+from dockyard.waiting import WaitTimeout, wait_until
 
 
 class RendezvousError(RuntimeError):
@@ -22,12 +23,10 @@ class RendezvousError(RuntimeError):
 
 
 def wait_for_file(path: Path, timeout_s: float, what: str) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if path.is_file():
-            return path.read_text()
-        time.sleep(0.2)
-    raise RendezvousError(f"waited {timeout_s:.0f} s for {what} ({path}); it never appeared")
+    try:
+        return wait_until(lambda: path.is_file() and path.read_text(), timeout_s, f"{what} ({path})")
+    except WaitTimeout as err:
+        raise RendezvousError(f"{err}; it never appeared") from None
 
 
 def publish(path: Path, data: dict) -> None:

@@ -33,7 +33,7 @@ from dockyard.io.checkpoint import CheckpointManager, rng_state, set_rng_state
 from dockyard.loop import stopping
 from dockyard.loop.stopping import RunStopped
 from dockyard.models import DTYPES, load_tokenizer
-from dockyard.policy.dtensor import Sample
+from dockyard.policy.dtensor import Sample, TrainingInterrupted
 
 
 class PhaseTimer:
@@ -200,6 +200,8 @@ class GRPOTrainer:
 
     def _generate_for_step(self, step: int):
         """Rank 0's rollouts; None when a stop was requested and the servers went away meanwhile."""
+        if self.stopper is not None and self.stopper.requested:
+            return None   # a signal came since the last safe point: no new rollouts for a dropped step
         self.generating = True
         try:
             return self.generate_and_score(step)
@@ -211,12 +213,18 @@ class GRPOTrainer:
             self.generating = False
 
     def abort_generation(self) -> None:
-        """Called from a signal's helper thread: in-flight rollouts return now (the step is then dropped)."""
-        if self.generating:
-            try:
-                EngineClient(self.client.url, name=self.client.name, request_timeout_s=30).abort()
-            except GenerationServerError:
-                pass
+        """Called from a signal's helper thread: in-flight rollouts return now (the step is then dropped).
+        Repeated while generating: an abort that reaches the engine just before the request does is
+        cleared when the request starts."""
+        client = EngineClient(self.client.url, name=self.client.name, request_timeout_s=30)
+        try:
+            while self.generating:
+                client.abort()
+                time.sleep(0.5)
+        except GenerationServerError:
+            pass
+        finally:
+            client.close()
 
     def validate(self) -> dict[str, float]:
         """Greedy accuracy on the validation split (engine weights refreshed first)."""
@@ -225,7 +233,17 @@ class GRPOTrainer:
             return {}
         prompt_ids = [self._prompt_ids(p) for p in self.validation]
         params = self._sampling([len(p) for p in prompt_ids], 1, 0.0, 0)
-        completions = self.client.generate(prompt_ids, params)
+        self.generating = True
+        try:
+            completions = self.client.generate(prompt_ids, params)
+        except GenerationServerError:
+            if self.stopper is not None and self.stopper.requested:
+                return {}
+            raise
+        finally:
+            self.generating = False
+        if self.stopper is not None and self.stopper.requested:
+            return {}   # aborted for a stop: partial answers are no accuracy figure
         rewards = [self.env.score(self.tokenizer.decode(c.token_ids, skip_special_tokens=True),
                                   self.validation[c.prompt_index]) for c in completions]
         return {"val/accuracy": sum(r >= 1.0 for r in rewards) / len(rewards), "val/reward": sum(rewards) / len(rewards)}
@@ -269,12 +287,20 @@ class GRPOTrainer:
                 sample.advantage = by_identity[id(sample)]
         with self.timer("train"):
             train_metrics: dict[str, float] = {}
-            for _ in range(self.cfg.loss_fn.ppo_epochs):
+            for epoch in range(self.cfg.loss_fn.ppo_epochs):
                 offset = 0
-                for mb in mini_batches:
+                for index, mb in enumerate(mini_batches):
                     span = slice(offset, offset + len(mb))
-                    result = self.policy.train_mini_batch(mb, old[span] if old is not None else None,
-                                                          ref[span] if ref else None, self.loss_fn)
+                    # Until the first optimizer step of the step, a stop can still drop the whole step
+                    # (between micro-batches): the wait for a safe point stays one micro-batch long.
+                    interrupt = (lambda: bool(self.stopper.agree())) \
+                        if self.stopper is not None and epoch == 0 and index == 0 else None
+                    try:
+                        result = self.policy.train_mini_batch(mb, old[span] if old is not None else None,
+                                                              ref[span] if ref else None, self.loss_fn,
+                                                              interrupt=interrupt)
+                    except TrainingInterrupted:
+                        raise StepAbandoned(self.stopper.last) from None
                     offset += len(mb)
                     for key, value in result.items():
                         train_metrics[key] = train_metrics.get(key, 0.0) + value / (

@@ -47,6 +47,7 @@ class StopRequests:
                  on_signal: Callable[[], None] | None = None):
         self.device, self.deadline, self.margin_s, self.on_signal = device, deadline, margin_s, on_signal
         self.local = NONE
+        self.last = NONE
         self.arrived_at: float | None = None
         self.longest_step_s = 0.0
         self.longest_save_s = 0.0
@@ -90,4 +91,5 @@ class StopRequests:
             code = int(flag.item())
         if code == DEADLINE and self.arrived_at is None:
             self.arrived_at = time.time()
+        self.last = code
         return code

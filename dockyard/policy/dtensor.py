@@ -5,6 +5,7 @@ full weights for the generation servers."""
 from __future__ import annotations
 
 import math
+from typing import Callable
 from dataclasses import dataclass
 import torch
 import torch.distributed as dist
@@ -76,6 +77,10 @@ def lr_factor(step: int, warmup: int, total: int, shape: str, min_ratio: float) 
     if shape == "linear":
         return 1.0 - (1.0 - min_ratio) * progress
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class TrainingInterrupted(Exception):
+    """A mini-batch ended before its optimizer step (a stop was agreed); nothing was changed."""
 
 
 class DTensorPolicy:
@@ -165,10 +170,15 @@ class DTensorPolicy:
     # --- training -----------------------------------------------------------------------------
 
     def train_mini_batch(self, samples: list[Sample], old_logprobs: list[torch.Tensor] | None,
-                         ref_logprobs: list[torch.Tensor] | None, loss_fn) -> dict[str, float]:
+                         ref_logprobs: list[torch.Tensor] | None, loss_fn,
+                         interrupt: Callable[[], bool] | None = None) -> dict[str, float]:
         """One optimizer step on this rank's share of a mini-batch. Without `old_logprobs` the
         weights have not moved since sampling, so the forward pass's own (detached) logprobs are
-        the old ones: the same numbers as a separate pass, without its cost."""
+        the old ones: the same numbers as a separate pass, without its cost.
+
+        `interrupt` (a collective every rank calls before each micro-batch) may end the mini-batch
+        before its optimizer step: gradients are dropped, weights and optimizer are untouched, and
+        TrainingInterrupted is raised."""
         policy, loss_cfg = self.config.policy, self.config.loss_fn
         masks = [s.response_mask() for s in samples]
         totals = torch.tensor([float(sum(m.sum() for m in masks)), float(len(samples))], dtype=torch.float64)
@@ -179,6 +189,9 @@ class DTensorPolicy:
         sums: dict[str, float] = {}
         loss_value = 0.0
         for batch in self._micro_batches(samples, policy.train_micro_batch_size):
+            if interrupt is not None and interrupt():
+                self.optimizer.zero_grad(set_to_none=True)
+                raise TrainingInterrupted()
             chosen = [samples[i] for i in batch] or self._dummy()
             logprobs, entropy = self._forward_logprobs(chosen, with_entropy=True)
             if loss_cfg.entropy_coef == 0:

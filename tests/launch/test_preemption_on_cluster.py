@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from dockyard.waiting import wait_until
 from tests.launch.conftest import run_submit
 
 STEPS = 30
@@ -30,16 +31,6 @@ def logged_steps(workdir: Path) -> list[int]:
     if not path.is_file():
         return []
     return [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()]
-
-
-def wait_until(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"waited {timeout_s:.0f} s for {what}")
 
 
 def job_state(job: str) -> str:

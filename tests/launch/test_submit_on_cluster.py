@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from dockyard.waiting import wait_until
 from tests.conftest import REPO
 from tests.launch.conftest import run_submit, submit_cli
 
@@ -48,16 +49,6 @@ def test_grpo_tiny_runs_as_a_het_job_on_three_nodes(slurm_cluster, tmp_path, tin
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
 
 
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"waited {timeout_s} s for {what}")
-
-
 def started_long_run(tmp_path: Path, model_dir: Path) -> subprocess.Popen:
     tmp_path.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(submit_cli(tmp_path, model_dir, "--nodes", "3", "--wait", "grpo.max_num_steps=2000",
@@ -76,7 +67,7 @@ def test_a_dead_component_ends_the_job_within_60_s_naming_it(slurm_cluster, tmp_
     process = started_long_run(tmp_path, tiny_model)
     folder = tmp_path / "slurm"
     try:
-        wait_for(lambda: first_steps_done(folder), 240, "two training steps")
+        wait_until(lambda: first_steps_done(folder), 240, "two training steps")
         if victim == "rollout server":
             address = json.loads(next(folder.glob("*_rollout0.address.json")).read_text())
             pid = address["pid"]
