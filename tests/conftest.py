@@ -63,3 +63,18 @@ def engine_server(tiny_model, tmp_path_factory):
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+@pytest.fixture
+def single_rank_world():
+    """A one-rank gloo world in this process (FSDP2 needs a process group even for one rank)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from dockyard.distributed import WorldInfo, free_port
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
+                            timeout=timedelta(seconds=60))
+    yield WorldInfo(0, 1, 0)
+    dist.destroy_process_group()

@@ -33,6 +33,23 @@ def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) -
     raise ValueError(f"unknown KL estimator {kind!r} (k1, k2 or k3)")
 
 
+def _reference_kl_and_entropy(config: LossConfig, inputs: LossInputs, loss: torch.Tensor, ratio: torch.Tensor,
+                              metrics: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The terms every policy loss shares: reference KL in the loss (unless it goes into the reward) and
+    the entropy bonus."""
+    if inputs.ref_logprobs is not None and config.reference_policy_kl_penalty > 0 and not config.kl_in_reward:
+        kl = kl_estimate(inputs.logprobs, inputs.ref_logprobs, config.reference_policy_kl_type)
+        if config.use_unbiased_kl:
+            kl = kl * ratio
+        loss = loss + config.reference_policy_kl_penalty * kl
+        metrics["kl_ref"] = kl.detach()
+    if inputs.entropy is not None:
+        if config.entropy_coef > 0:
+            loss = loss - config.entropy_coef * inputs.entropy
+        metrics["entropy"] = inputs.entropy.detach()
+    return loss
+
+
 class ClippedPGLoss:
     """PPO-style clipped policy gradient with clip-higher, optional dual clip, reference KL and entropy."""
 
@@ -50,17 +67,32 @@ class ClippedPGLoss:
         if c.ratio_clip_c is not None:
             loss = torch.where(adv < 0, torch.minimum(loss, -adv * c.ratio_clip_c), loss)
         metrics = {"clip_fraction": (clipped > unclipped).float(), "approx_kl_old": -log_ratio.detach()}
-        if inputs.ref_logprobs is not None and c.reference_policy_kl_penalty > 0 and not c.kl_in_reward:
-            kl = kl_estimate(inputs.logprobs, inputs.ref_logprobs, c.reference_policy_kl_type)
-            if c.use_unbiased_kl:
-                kl = kl * ratio
-            loss = loss + c.reference_policy_kl_penalty * kl
-            metrics["kl_ref"] = kl.detach()
-        if inputs.entropy is not None:
-            if c.entropy_coef > 0:
-                loss = loss - c.entropy_coef * inputs.entropy
-            metrics["entropy"] = inputs.entropy.detach()
-        return loss, metrics
+        return _reference_kl_and_entropy(c, inputs, loss, ratio, metrics), metrics
+
+
+class GSPOLoss:
+    """GSPO (Zheng et al. 2025): the clipped objective on one importance ratio per sequence,
+    s_i = exp(mean over the sequence's trained tokens of (log pi - log pi_old)), with gradient through
+    s_i; every token of a sequence carries that sequence's loss, so seq-mean-token-mean aggregation
+    gives GSPO's per-sequence mean. Clip ranges are on s_i (the paper uses ~3e-4 / 4e-4)."""
+
+    def __init__(self, config: LossConfig):
+        self.config = config
+
+    def __call__(self, inputs: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        c = self.config
+        mask = inputs.mask.to(inputs.logprobs.dtype)
+        token_log_ratio = (inputs.logprobs - inputs.old_logprobs) * mask
+        seq_log_ratio = (token_log_ratio.sum(dim=1) / mask.sum(dim=1).clamp(min=1)).clamp(-20, 20)
+        ratio = torch.exp(seq_log_ratio)[:, None].expand_as(inputs.logprobs)
+        adv = inputs.advantages
+        unclipped = -adv * ratio
+        clipped = -adv * ratio.clamp(1 - c.ratio_clip_min, 1 + c.ratio_clip_max)
+        loss = torch.maximum(unclipped, clipped)
+        metrics = {"clip_fraction": (clipped > unclipped).float(),
+                   "approx_kl_old": -(inputs.logprobs - inputs.old_logprobs).clamp(-20, 20).detach()}
+        token_ratio = torch.exp((inputs.logprobs - inputs.old_logprobs).clamp(-20, 20))
+        return _reference_kl_and_entropy(c, inputs, loss, token_ratio, metrics), metrics
 
 
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, total_tokens: float,

@@ -9,6 +9,7 @@ from dockyard.registry import declare
 _IMPLEMENTED = {
     ("advantage_estimator", "grpo"): "dockyard.algorithms.advantages:GroupRelativeAdvantage",
     ("loss", "clipped_pg"): "dockyard.algorithms.losses:ClippedPGLoss",
+    ("loss", "gspo"): "dockyard.algorithms.losses:GSPOLoss",
     ("environment", "math"): "dockyard.envs.math:MathEnvironment",
     ("logger", "tensorboard"): "dockyard.io.metrics:TensorBoardWriter",
     ("generation_backend", "embedded"): "dockyard.generation.launcher:EmbeddedServer",

@@ -101,8 +101,11 @@ def start_servers(cfg: MasterConfig, plan: JobPlan, alloc: Allocation, folder: P
             stem = f"{alloc.incarnation}_{role}{index}"
             log, address_file = folder / f"{stem}_{node}.log", folder / f"{stem}.address.json"
             address_file.unlink(missing_ok=True)
-            command = srun_command(cfg, group, node, alloc.het_size > 1, gpus, log) + server.command(
-                port=0, host="0.0.0.0", threads=threads, address_file=str(address_file))
+            serve = server.command(port=0, host="0.0.0.0", threads=threads, address_file=str(address_file))
+            # USR2 (the trainer's warning signal; Slurm sends it to every step, possibly while the server
+            # is still importing) must not kill a server: ignored from before exec, which it inherits
+            command = srun_command(cfg, group, node, alloc.het_size > 1, gpus, log) + [
+                "bash", "-c", 'trap "" USR2; exec "$@"', "dockyard-server", *serve]
             process = subprocess.Popen(command, env=step_environment(alloc.env, extra), stdin=subprocess.DEVNULL,
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
             steps.append(ServerStep(f"{role} server {index}", role, node, process, log, address_file))

@@ -31,6 +31,7 @@ from dockyard.generation.client import EngineClient, GenerationServerError, Weig
 from dockyard.generation.engine import SamplingParams
 from dockyard.io.checkpoint import CheckpointManager, rng_state, set_rng_state
 from dockyard.loop import stopping
+from dockyard.loop.safeguarding import apply_safeguards
 from dockyard.loop.stopping import RunStopped
 from dockyard.models import DTYPES, load_tokenizer
 from dockyard.policy.dtensor import Sample, TrainingInterrupted
@@ -181,7 +182,8 @@ class GRPOTrainer:
                 text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
                 rewards.append(self.env.score(text, prompts[completion.prompt_index]))
                 ids = prompt_ids[completion.prompt_index]
-                samples.append(Sample(token_ids=ids + completion.token_ids, prompt_length=len(ids)))
+                samples.append(Sample(token_ids=ids + completion.token_ids, prompt_length=len(ids),
+                                      rollout_logprobs=list(completion.logprobs)))
                 lengths.append(len(completion.token_ids))
         for completion, reward in list(zip(completions, rewards))[:self.cfg.logger.num_samples_to_print]:
             prompt = prompts[completion.prompt_index]
@@ -276,15 +278,22 @@ class GRPOTrainer:
         local = [s for mb in mini_batches for s in mb]
         # One optimizer step per rollout batch: the weights that sampled are the ones being trained,
         # so the training forward supplies the old logprobs and the separate pass is skipped.
-        on_policy = self.num_mini_batches == 1 and self.cfg.loss_fn.ppo_epochs == 1
+        loss_cfg = self.cfg.loss_fn
+        safeguards = loss_cfg.is_correction.enabled or loss_cfg.m2po.enabled or loss_cfg.opsm.enabled
+        on_policy = self.num_mini_batches == 1 and loss_cfg.ppo_epochs == 1 and not safeguards
         with self.timer("logprobs"):
-            old = None if on_policy else self.policy.logprobs(local)
+            if loss_cfg.use_rollout_logprobs:
+                old = [torch.tensor(s.rollout_logprobs) for s in local]
+            else:
+                old = None if on_policy else self.policy.logprobs(local)
             ref = self.reference.logprobs(local) if self.reference is not None else None
         with self.timer("advantages"):
             advantages = self.estimator(torch.tensor(rewards), [self.group_size] * (len(rewards) // self.group_size))
             by_identity = {id(s): float(a) for s, a in zip(samples, advantages)}
             for sample in local:
                 sample.advantage = by_identity[id(sample)]
+        if safeguards:
+            metrics.update(apply_safeguards(loss_cfg, local, old))
         with self.timer("train"):
             train_metrics: dict[str, float] = {}
             for epoch in range(self.cfg.loss_fn.ppo_epochs):

@@ -24,10 +24,6 @@ def _components(cfg: MasterConfig) -> list[tuple[str, str, str | None]]:
 def _features(cfg: MasterConfig) -> list[tuple[str, bool]]:
     loss, grpo, logger = cfg.loss_fn, cfg.grpo, cfg.logger
     return [
-        ("loss_fn.is_correction.enabled", loss.is_correction.enabled),
-        ("loss_fn.opsm.enabled", loss.opsm.enabled),
-        ("loss_fn.m2po.enabled", loss.m2po.enabled),
-        ("loss_fn.use_rollout_logprobs", loss.use_rollout_logprobs),
         ("loss_fn.kl_in_reward", loss.kl_in_reward),
         ("loss_fn.reference_model.checkpoint_path", loss.reference_model.checkpoint_path is not None),
         ("grpo.async_grpo.enabled", grpo.async_grpo.enabled),

@@ -27,6 +27,8 @@ class Sample:
     prompt_length: int
     advantage: float = 0.0
     loss_mask: list[int] | None = None  # per response token; None = all 1
+    rollout_logprobs: list[float] | None = None  # the engine's logprobs of the response tokens
+    is_weights: list[float] | None = None  # importance-sampling weights per response token (no gradient)
 
     @property
     def response_length(self) -> int:
@@ -207,6 +209,10 @@ class DTensorPolicy:
             mask, adv = mask.to(self.device), adv.to(self.device)
             per_token, metrics = loss_fn(LossInputs(logprobs, old, adv, mask, ref.to(self.device) if ref is not None
                                                     else None, entropy))
+            if batch and any(samples[i].is_weights is not None for i in batch):
+                weights = _stack([torch.tensor(samples[i].is_weights if samples[i].is_weights is not None
+                                               else [1.0] * samples[i].response_length) for i in batch], width)
+                per_token = per_token * weights.to(self.device, per_token.dtype)
             share = aggregate(per_token, mask, loss_cfg.loss_agg_mode, total_tokens, total_sequences)
             # FSDP averages gradients over ranks; scaling by the world size turns that into a sum.
             (share * self.world.world_size).backward()
@@ -234,9 +240,13 @@ class DTensorPolicy:
 
     def copy_weights_from(self, other: "DTensorPolicy") -> None:
         """Moving reference: same sharding on both sides, so a local copy of each shard suffices."""
+        # FSDP may leave a model's parameters unsharded (plain tensors) after a no-grad forward
+        for model in (self.model, other.model):
+            model.reshard()
         with torch.no_grad():
             for mine, theirs in zip(self.model.parameters(), other.model.parameters()):
-                mine.copy_(theirs)
+                local = mine.to_local() if hasattr(mine, "to_local") else mine
+                local.copy_(theirs.to_local() if hasattr(theirs, "to_local") else theirs)
 
 
 def _stack(rows: list[torch.Tensor], width: int) -> torch.Tensor:

@@ -3,15 +3,11 @@ mini-batch interrupted before its optimizer step leaves weights and optimizer un
 
 import os
 import signal
-from datetime import timedelta
-
 import pytest
 import torch
-import torch.distributed as dist
 
 from dockyard import registry
 from dockyard.config import load_config
-from dockyard.distributed import WorldInfo, free_port
 from dockyard.loop import stopping
 from dockyard.loop.stopping import StopRequests
 
@@ -45,14 +41,6 @@ def test_deadline_counts_the_longest_step_and_save_plus_the_margin():
     assert not stop.deadline_near(now=1000 - 151)
     assert stop.deadline_near(now=1000 - 149)
     assert not StopRequests(torch.device("cpu"), deadline=None).deadline_near(now=1e12)
-
-
-@pytest.fixture
-def single_rank_world():
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
-                            timeout=timedelta(seconds=60))
-    yield WorldInfo(0, 1, 0)
-    dist.destroy_process_group()
 
 
 def test_interrupted_mini_batch_changes_neither_weights_nor_optimizer(single_rank_world, tiny_model):
