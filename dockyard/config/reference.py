@@ -11,7 +11,6 @@ from typing import Any, Iterator
 import annotated_types
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUndefined
 
 from dockyard.config import constraints
 from dockyard.config.fields import ComponentKind, is_open, section_model

@@ -77,15 +77,9 @@ def build_executor(cfg: MasterConfig, plan: JobPlan, folder: Path, require_slurm
 
 
 def preflight(cfg: MasterConfig) -> list[Problem]:
-    from dockyard.loop.support import slurm_shape, unsupported
-    from dockyard.models import ModelNotFoundError, model_folder
+    from dockyard.loop.support import missing_models, slurm_shape, unsupported
 
-    problems = unsupported(cfg) + slurm_shape(cfg)
-    try:
-        model_folder(cfg.policy.model_name)
-    except ModelNotFoundError as err:
-        problems.append(Problem("policy.model_name", str(err)))
-    return problems
+    return unsupported(cfg) + slurm_shape(cfg) + missing_models(cfg)
 
 
 def _flag_overrides(ns: argparse.Namespace) -> list[str]:

@@ -93,3 +93,19 @@ def slurm_shape(cfg: MasterConfig) -> list[Problem]:
         return [Problem("cluster.rollout", f"{replicas} generation servers planned; the GRPO loop of this version "
                         "drives one (set cluster.rollout.num_nodes=1 and cluster.rollout.tasks_per_node=1)")]
     return []
+
+
+def missing_models(cfg: MasterConfig) -> list[Problem]:
+    """Model folders the run would load (policy, reference) that are not there: named before anything starts."""
+    from dockyard.models import ModelNotFoundError, model_folder
+
+    wanted = [("policy.model_name", cfg.policy.model_name)]
+    if cfg.loss_fn.reference_policy_kl_penalty > 0 and cfg.loss_fn.reference_model.hf_path:
+        wanted.append(("loss_fn.reference_model.hf_path", cfg.loss_fn.reference_model.hf_path))
+    problems = []
+    for path, folder in wanted:
+        try:
+            model_folder(folder)
+        except ModelNotFoundError as err:
+            problems.append(Problem(path, str(err)))
+    return problems

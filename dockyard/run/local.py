@@ -21,9 +21,7 @@ from dockyard.config import topology
 from dockyard.config.loader import LoadedConfig
 from dockyard.distributed import free_port
 from dockyard.generation.client import EngineClient, GenerationServerError
-from dockyard.loop.support import local_shape, unsupported
-from dockyard.config.errors import Problem
-from dockyard.models import ModelNotFoundError, model_folder
+from dockyard.loop.support import local_shape, missing_models, unsupported
 
 ENGINE_HEALTH_TIMEOUT_S = float(os.environ.get("DOCKYARD_ENGINE_HEALTH_TIMEOUT_S", 600))
 SHUTDOWN_GRACE_S = 30
@@ -62,11 +60,7 @@ def _tail(path: Path | None, lines: int = 15) -> str:
 
 def run_local(loaded: LoadedConfig) -> int:
     cfg = loaded.config
-    problems = unsupported(cfg) + local_shape(cfg)
-    try:
-        model_folder(cfg.policy.model_name)
-    except ModelNotFoundError as err:
-        problems.append(Problem("policy.model_name", str(err)))
+    problems = unsupported(cfg) + local_shape(cfg) + missing_models(cfg)
     if problems:
         print(f"dockyard run: config {loaded.source} cannot run here ({len(problems)} problem"
               f"{'s' if len(problems) != 1 else ''}):", file=sys.stderr)

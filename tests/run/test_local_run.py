@@ -13,7 +13,6 @@ import torch
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from tests.conftest import REPO
 
 PHASES = ("refit", "generate", "reward", "logprobs", "advantages", "train", "checkpoint")
 
@@ -111,10 +110,12 @@ def test_a_dead_component_ends_the_run_naming_it(tiny_model, tmp_path, victim, n
 
 
 def test_unsupported_features_and_missing_model_are_refused_before_starting(tmp_path):
-    result = run(tmp_path, tmp_path / "no-model", "loss_fn.m2po.enabled=true", "policy.backend=megatron",
-                 "+policy.megatron_cfg.bf16=false")
+    result = run(tmp_path, tmp_path / "no-model", "grpo.sampler.dynamic_sampling=true", "policy.backend=megatron",
+                 "+policy.megatron_cfg.bf16=false", "loss_fn.reference_policy_kl_penalty=0.1",
+                 "loss_fn.reference_model.hf_path=/no/reference")
     assert result.returncode == 2
-    assert "loss_fn.m2po.enabled: not supported by the GRPO loop in this version" in result.stdout
+    assert "grpo.sampler.dynamic_sampling: not supported by the GRPO loop in this version" in result.stdout
+    assert "loss_fn.reference_model.hf_path: no model folder at" in result.stdout
     assert "policy.backend: policy_backend 'megatron' is not available in this version" in result.stdout
     assert "policy.model_name: no model folder at" in result.stdout and "make_tiny_model.py" in result.stdout
     assert "Traceback" not in result.stdout

@@ -6,7 +6,7 @@ from typing import Optional
 
 from pydantic import PositiveInt
 
-from dockyard.config.fields import OpenSection, Section, component, field
+from dockyard.config.fields import OpenSection, component, field
 
 
 class RewardSpec(OpenSection):
