@@ -166,7 +166,14 @@ class GRPOTrainer:
             # The engine serves in policy.precision; casting here (the same rounding the engine would
             # do) halves what crosses the wire for bf16.
             dtype = DTYPES[self.cfg.policy.precision]
-            self.broadcaster.push((name, tensor.to(dtype)) for name, tensor in weights.items())
+            try:
+                self.broadcaster.push((name, tensor.to(dtype)) for name, tensor in weights.items())
+            except (RuntimeError, GenerationServerError):
+                # Slurm stops the servers together with the job (SIGTERM to every step): the stop's safe
+                # point comes next and saves; nothing is generated with these weights any more
+                if self.stopper is not None and self.stopper.requested:
+                    return
+                raise
         self.engine_is_current = True
 
     def generate_and_score(self, step: int) -> tuple[list[Sample], list[float], dict[str, float]]:
