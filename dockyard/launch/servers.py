@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ from dockyard.config.schema import MasterConfig
 from dockyard.generation.client import EngineClient, GenerationServerError
 from dockyard.launch.allocation import Allocation
 from dockyard.launch.plan import JobPlan, ServerGroup
+from dockyard.processes import log_tail, stop_processes
 
 # srun reads these from its environment as if they were options; inside the trainer's step they
 # describe that step and would shape (or break) the server's step.
@@ -57,8 +57,7 @@ class ServerStep:
     def tail(self, lines: int = 15) -> str:
         if not self.log.is_file():
             return "    | (no log written)"
-        text = self.log.read_text(errors="replace").splitlines()[-lines:]
-        return "\n".join("    | " + line for line in text) or "    | (empty log)"
+        return log_tail(self.log, lines) or "    | (empty log)"
 
 
 def step_environment(base: dict, extra: dict[str, str]) -> dict:
@@ -138,16 +137,7 @@ def wait_ready(steps: list[ServerStep], timeout_s: float) -> None:
 
 
 def stop_servers(steps: list[ServerStep]) -> None:
-    for step in steps:
-        if step.process.poll() is None:
-            step.process.send_signal(signal.SIGTERM)   # srun forwards it to the server
-    deadline = time.monotonic() + STOP_GRACE_S
-    for step in steps:
-        try:
-            step.process.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            step.process.kill()
-            step.process.wait(timeout=10)
+    stop_processes((step.process for step in steps), STOP_GRACE_S)   # srun forwards SIGTERM to the server
 
 
 def dead_server(steps: list[ServerStep], grace_s: float = 5.0) -> str | None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from dockyard.config.loader import LoadedConfig
 from dockyard.distributed import free_port
 from dockyard.generation.client import EngineClient, GenerationServerError
 from dockyard.loop.support import local_shape, missing_models, unsupported
+from dockyard.processes import log_tail, stop_processes
 
 ENGINE_HEALTH_TIMEOUT_S = float(os.environ.get("DOCKYARD_ENGINE_HEALTH_TIMEOUT_S", 600))
 SHUTDOWN_GRACE_S = 30
@@ -39,23 +39,7 @@ class Child:
 
 
 def _stop(children: list[Child]) -> None:
-    for child in children:
-        if child.process.poll() is None:
-            child.process.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + SHUTDOWN_GRACE_S
-    for child in children:
-        try:
-            child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            child.process.kill()
-            child.process.wait(timeout=10)
-
-
-def _tail(path: Path | None, lines: int = 15) -> str:
-    if path is None or not path.is_file():
-        return ""
-    text = path.read_text(errors="replace").splitlines()[-lines:]
-    return "\n".join("    | " + line for line in text)
+    stop_processes((child.process for child in children), SHUTDOWN_GRACE_S)
 
 
 def run_local(loaded: LoadedConfig) -> int:
@@ -105,7 +89,7 @@ def run_local(loaded: LoadedConfig) -> int:
         print(f"dockyard run: {world_size} trainer rank(s) started; logs in {log_dir}", file=sys.stderr, flush=True)
         return _supervise(children)
     except GenerationServerError as err:
-        print(f"dockyard run: {err}\n{_tail(engine_log)}", file=sys.stderr)
+        print(f"dockyard run: {err}\n{log_tail(engine_log)}", file=sys.stderr)
         return 3
     except KeyboardInterrupt:
         print("dockyard run: interrupted; stopping every process", file=sys.stderr)
@@ -122,7 +106,7 @@ def _supervise(children: list[Child]) -> int:
             code = child.process.poll()
             if code is not None and code != 0:
                 print(f"dockyard run: {child.describe()} exited with status {code}; stopping the others\n"
-                      f"{_tail(child.log)}", file=sys.stderr)
+                      f"{log_tail(child.log)}", file=sys.stderr)
                 return code if code > 0 else 1
         if ranks[0].process.poll() == 0:
             deadline = time.monotonic() + SHUTDOWN_GRACE_S
@@ -139,6 +123,6 @@ def _supervise(children: list[Child]) -> int:
             return 0
         if engine.process.poll() is not None:
             print(f"dockyard run: {engine.describe()} exited with status {engine.process.returncode} "
-                  f"during the run; stopping the trainer\n{_tail(engine.log)}", file=sys.stderr)
+                  f"during the run; stopping the trainer\n{log_tail(engine.log)}", file=sys.stderr)
             return 3
         time.sleep(0.5)
