@@ -88,9 +88,11 @@ def cmd_list(ns: argparse.Namespace) -> int:
             print(f"dockyard list: unknown kind {kind!r}; kinds: {', '.join(registry.KINDS)}", file=sys.stderr)
             return EXIT_CONFIG
         print(f"{kind}: {registry.KINDS[kind]}")
-        for entry in registry.entries(kind):
+        entries = registry.entries(kind)
+        width = max([16] + [len(entry.name) for entry in entries])
+        for entry in entries:
             status = "" if entry.available else "  [not yet available]"
-            print(f"  {entry.name:<16} {entry.doc}{status}")
+            print(f"  {entry.name:<{width}} {entry.doc}{status}")
     return 0
 
 

@@ -18,6 +18,10 @@ from typing import Any, Callable
 KINDS: dict[str, str] = {
     "advantage_estimator": "turns rewards (and logprobs) into per-token advantages",
     "loss": "policy-gradient loss functions",
+    "kl_estimator": "per-token estimate of KL(pi || pi_ref) from samples of pi",
+    "safeguard": "off-policy safeguards: reweight or mask tokens sampled by another policy",
+    "reward_transform": "change trajectory rewards before advantages (scaling, shaping, penalties)",
+    "group_filter": "drop prompt groups before they train",
     "reward": "score a finished trajectory",
     "environment": "step a trajectory (tool calls -> observations) and score it",
     "agent": "multi-turn agents that drive an environment",

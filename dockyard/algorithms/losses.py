@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dockyard import registry
 from dockyard.config.schema.loss import LossConfig
 
 
@@ -20,17 +21,27 @@ class LossInputs:
     entropy: torch.Tensor | None = None  # [B, T]
 
 
-def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) -> torch.Tensor:
-    """Per-token estimate of KL(pi || pi_ref) from samples of pi (Schulman's k1 / k2 / k3)."""
+def k1(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """k1: log(pi / pi_ref), unbiased, high variance, can be negative."""
+    return logprobs - ref_logprobs
+
+
+def k2(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """k2: (log(pi / pi_ref))^2 / 2, biased, low variance, never negative."""
+    return 0.5 * (logprobs - ref_logprobs).square()
+
+
+def k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """k3: pi_ref / pi - 1 - log(pi_ref / pi), unbiased, low variance, never negative."""
     log_ratio = logprobs - ref_logprobs
-    if kind == "k1":
-        return log_ratio
-    if kind == "k2":
-        return 0.5 * log_ratio.square()
-    if kind == "k3":
-        # clamp keeps exp() finite on extreme ratios; the estimate is already huge there
-        return torch.exp((-log_ratio).clamp(max=20)) + log_ratio - 1
-    raise ValueError(f"unknown KL estimator {kind!r} (k1, k2 or k3)")
+    # clamp keeps exp() finite on extreme ratios; the estimate is already huge there
+    return torch.exp((-log_ratio).clamp(max=20)) + log_ratio - 1
+
+
+def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from samples of pi by the registered estimator `kind`
+    (Schulman's k1 / k2 / k3)."""
+    return registry.get("kl_estimator", kind).factory(logprobs, ref_logprobs)
 
 
 def _reference_kl_and_entropy(config: LossConfig, inputs: LossInputs, loss: torch.Tensor, ratio: torch.Tensor,

@@ -9,9 +9,11 @@ per-token policy loss.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from dockyard.config.schema.loss import ImportanceSamplingCorrection
+from dockyard.config.schema.loss import ImportanceSamplingCorrection, M2POConfig, OPSMConfig
 
 
 def _log_ratios(old: list[torch.Tensor], rollout: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -84,3 +86,47 @@ def opsm_masks(behaviour: list[torch.Tensor], current: list[torch.Tensor], advan
         kl = float(((b.double() - c.double()) * m).sum() / m.sum().clamp(min=1))
         out.append(torch.zeros_like(m).float() if a < 0 and kl > delta else m.float())
     return out
+
+
+# --- registered components: built from their loss_fn section, applied in the order below ---------
+
+ORDER = ("is_correction", "m2po", "opsm")
+
+
+@dataclass
+class SafeguardInputs:
+    old: list[torch.Tensor]          # pi_old per response token (the trainer at the step's start)
+    rollout: list[torch.Tensor]      # pi_rollout per response token (the engine that sampled)
+    advantages: list[float]
+    masks: list[torch.Tensor]        # 1 on tokens that train so far
+
+
+class ISCorrection:
+    """Importance-sampling correction pi_old / pi_rollout at token / sequence / geometric level (clip or mask)."""
+
+    def __init__(self, config: ImportanceSamplingCorrection):
+        self.config = config
+
+    def __call__(self, inputs: SafeguardInputs) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+        weights, masks = importance_weights(inputs.old, inputs.rollout, inputs.masks, self.config)
+        return masks, weights
+
+
+class M2PO:
+    """M2PO: mask the largest squared log-ratio tokens until the second moment is under threshold."""
+
+    def __init__(self, config: M2POConfig):
+        self.config = config
+
+    def __call__(self, inputs: SafeguardInputs) -> tuple[list[torch.Tensor], None]:
+        return m2po_masks(inputs.old, inputs.rollout, inputs.masks, self.config.threshold), None
+
+
+class OPSM:
+    """OPSM: drop negative-advantage sequences whose KL to the sampler exceeds delta."""
+
+    def __init__(self, config: OPSMConfig):
+        self.config = config
+
+    def __call__(self, inputs: SafeguardInputs) -> tuple[list[torch.Tensor], None]:
+        return opsm_masks(inputs.rollout, inputs.old, inputs.advantages, inputs.masks, self.config.delta), None

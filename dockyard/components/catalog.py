@@ -10,6 +10,17 @@ _IMPLEMENTED = {
     ("advantage_estimator", "grpo"): "dockyard.algorithms.advantages:GroupRelativeAdvantage",
     ("loss", "clipped_pg"): "dockyard.algorithms.losses:ClippedPGLoss",
     ("loss", "gspo"): "dockyard.algorithms.losses:GSPOLoss",
+    ("kl_estimator", "k1"): "dockyard.algorithms.losses:k1",
+    ("kl_estimator", "k2"): "dockyard.algorithms.losses:k2",
+    ("kl_estimator", "k3"): "dockyard.algorithms.losses:k3",
+    ("safeguard", "is_correction"): "dockyard.algorithms.safeguards:ISCorrection",
+    ("safeguard", "m2po"): "dockyard.algorithms.safeguards:M2PO",
+    ("safeguard", "opsm"): "dockyard.algorithms.safeguards:OPSM",
+    ("reward_transform", "scaling"): "dockyard.algorithms.reward_transforms:RewardScaling",
+    ("reward_transform", "invalid_action_penalty"): "dockyard.algorithms.reward_transforms:InvalidActionPenalty",
+    ("reward_transform", "overlong_shaping"): "dockyard.algorithms.reward_transforms:OverlongShaping",
+    ("group_filter", "status"): "dockyard.algorithms.group_filters:StatusFilter",
+    ("group_filter", "identical_reward"): "dockyard.algorithms.group_filters:IdenticalRewardFilter",
     ("environment", "math"): "dockyard.envs.math:MathEnvironment",
     ("logger", "tensorboard"): "dockyard.io.metrics:TensorBoardWriter",
     ("generation_backend", "embedded"): "dockyard.generation.launcher:EmbeddedServer",
@@ -24,6 +35,27 @@ _DECLARED = {
     "loss": {
         "clipped_pg": "PPO-style clipped policy gradient (clip-higher, dual clip, KL, entropy)",
         "gspo": "GSPO: clipped policy gradient on sequence-level importance ratios",
+    },
+    "kl_estimator": {
+        "k1": "log(pi / pi_ref): unbiased, high variance (loss_fn.reference_policy_kl_type)",
+        "k2": "(log(pi / pi_ref))^2 / 2: biased, low variance",
+        "k3": "pi_ref / pi - 1 - log(pi_ref / pi): unbiased, low variance, never negative",
+    },
+    "safeguard": {
+        "is_correction": "importance-sampling correction pi_old / pi_rollout, token / sequence / geometric, "
+                         "clip or mask (loss_fn.is_correction)",
+        "m2po": "mask the largest squared log-ratio tokens until the second moment is under threshold "
+                "(loss_fn.m2po)",
+        "opsm": "drop negative-advantage sequences whose KL to the sampler exceeds delta (loss_fn.opsm)",
+    },
+    "reward_transform": {
+        "scaling": "linear map of the reward range (grpo.reward_scaling)",
+        "invalid_action_penalty": "add a penalty when the action cannot be parsed (grpo.invalid_action_penalty)",
+        "overlong_shaping": "DAPO soft overlong punishment near the length limit (grpo.reward_shaping)",
+    },
+    "group_filter": {
+        "status": "drop a group with a FAILED trajectory (grpo.filters.status)",
+        "identical_reward": "drop a group whose rewards are all equal (grpo.filters.identical_reward)",
     },
     "environment": {
         "math": "reasoning-gym arithmetic / GSM-style tasks scored by their own verifiers",

@@ -57,7 +57,7 @@ class LossConfig(Section):
     entropy_coef: float = field(0.0, "Subtract entropy_coef x entropy from the loss.", ge=0)
     reference_policy_kl_penalty: float = field(0.0, "Coefficient of KL(pi || pi_ref); 0 turns the "
                                                "reference model off.", ge=0)
-    reference_policy_kl_type: Literal["k1", "k2", "k3"] = field("k3", "KL estimator.")
+    reference_policy_kl_type: component("kl_estimator") = field("k3", "KL estimator (see `dockyard list`).")
     use_unbiased_kl: bool = field(False, "Weight per-token KL by exp(logp - old_logp) (DeepSeek-V3.2).")
     kl_in_reward: bool = field(False, "Subtract the KL from the reward instead of adding it to the loss.")
     reference_model: ReferenceModel = field(ReferenceModel, "Where the reference policy comes from.")
