@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,6 +196,8 @@ def _fill_schema_defaults(tree: DictConfig) -> None:
         sub, _ = section_model(info.annotation)
         if sub is not None and isinstance(child, DictConfig) and not child._is_interpolation():
             _defaults_into(sub, child)
+        elif child is None and sub is None and not info.is_required():
+            tree[name] = info.get_default(call_default_factory=True)  # so `imports=[mod]` needs no '+' 
 
 
 # --- resolution ------------------------------------------------------------------------------
@@ -227,22 +230,44 @@ def _unresolvable(tree: DictConfig) -> list[Problem]:
 
 
 def _import_user_modules(container: dict[str, Any], source: Path) -> list[Problem]:
-    modules = container.get("imports") or []
+    # User component modules usually live next to the config or in the working folder.
+    return import_user_modules(container.get("imports") or [], [str(source.parent.resolve()), str(Path.cwd())])
+
+
+def import_user_modules(modules: Any, folders: list[str]) -> list[Problem]:
+    """Import the config's `imports:` (searching `folders` too), so their @register components exist."""
     if not isinstance(modules, list):
         return [Problem("imports", f"must be a list of module names, got {modules!r}")]
     registry.load_builtins()
+    for folder in folders:
+        if folder not in sys.path:
+            sys.path.append(folder)
     problems = []
     for index, module in enumerate(modules):
-        # User component modules usually live next to the config or in the working folder.
-        for folder in (str(source.parent.resolve()), str(Path.cwd())):
-            if folder not in sys.path:
-                sys.path.append(folder)
         try:
             importlib.import_module(str(module))
         except Exception as err:
             problems.append(Problem(f"imports[{index}]", f"cannot import module {module!r}: "
                                     f"{type(err).__name__}: {err}"))
     return problems
+
+
+def read_resolved(path: str | Path) -> MasterConfig:
+    """A resolved config written by `dockyard run` / `dockyard-submit`, read in a process they started:
+    its `imports:` first (found via DOCKYARD_IMPORT_PATH), so user components validate."""
+    import yaml
+
+    raw = yaml.safe_load(Path(path).read_text())
+    folders = [f for f in os.environ.get("DOCKYARD_IMPORT_PATH", "").split(os.pathsep) if f]
+    problems = import_user_modules(raw.get("imports") or [], folders)
+    if problems:
+        raise ConfigError(problems, source=str(path))
+    return MasterConfig.model_validate(raw)
+
+
+def import_folders(source: Path) -> str:
+    """DOCKYARD_IMPORT_PATH for the processes a run starts: where `imports:` modules are found."""
+    return os.pathsep.join([str(source.parent.resolve()), str(Path.cwd())])
 
 
 # --- pydantic --------------------------------------------------------------------------------

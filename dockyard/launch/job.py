@@ -18,9 +18,8 @@ from pathlib import Path
 import submitit
 import torch
 import torch.distributed as dist
-import yaml
 
-from dockyard.config.schema import MasterConfig
+from dockyard.config.loader import read_resolved
 from dockyard.distributed import backend_for
 from dockyard.launch.allocation import Allocation
 from dockyard.launch.plan import JobPlan
@@ -50,7 +49,7 @@ def run_trainer_task_from_config(config_path: Path, folder: Path) -> dict:
     from dockyard.launch.plan import plan_job
 
     folder.mkdir(parents=True, exist_ok=True)
-    cfg = MasterConfig.model_validate(yaml.safe_load(config_path.read_text()))
+    cfg = read_resolved(config_path)
     return run_trainer_task(config_path, plan_job(cfg), folder)
 
 
@@ -63,7 +62,7 @@ def run_trainer_task(config_path: Path, plan: JobPlan, folder: Path) -> dict:
     from dockyard.loop import grpo
 
     alloc = Allocation.from_env()
-    cfg = MasterConfig.model_validate(yaml.safe_load(config_path.read_text()))
+    cfg = read_resolved(config_path)
     timeout_s = float(os.environ.get("DOCKYARD_COLLECTIVE_TIMEOUT_S", 1800))
     device = torch.device("cuda", alloc.local_rank) if cfg.cluster.gpus_per_node > 0 else torch.device("cpu")
     if device.type == "cuda":

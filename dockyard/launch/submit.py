@@ -7,6 +7,7 @@ cross-field rules, features this version cannot run, a model folder that does no
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 import time
@@ -16,7 +17,7 @@ from typing import Any, Sequence
 
 from dockyard.config import ConfigError, load_config
 from dockyard.config.errors import Problem
-from dockyard.config.loader import LoadedConfig
+from dockyard.config.loader import LoadedConfig, import_folders
 from dockyard.config.schema import MasterConfig
 from dockyard.launch.plan import JobPlan, plan_job
 from dockyard.launch.slurm_time import minutes
@@ -185,6 +186,8 @@ def submit(loaded: LoadedConfig, dry_run: bool, wait: bool, wait_timeout_s: floa
     Path(cfg.logger.log_dir).mkdir(parents=True, exist_ok=True)
     (Path(cfg.logger.log_dir) / "config.yaml").write_text(loaded.to_yaml())
     try:
+        # sbatch passes this process's environment on: the job finds the config's imports: modules
+        os.environ["DOCKYARD_IMPORT_PATH"] = import_folders(Path(loaded.source))
         job = executor.submit(TrainerJob(str(config_path), plan.to_dict(), str(folder)))
     except Exception as err:  # sbatch refused: its message says why (partition, account, limits)
         _say(f"sbatch refused the job: {err}")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from dockyard import registry
 from dockyard.config import topology
-from dockyard.config.loader import LoadedConfig
+from dockyard.config.loader import LoadedConfig, import_folders
 from dockyard.distributed import free_port
 from dockyard.generation.client import EngineClient, GenerationServerError
 from dockyard.loop.support import local_shape, missing_models, unsupported
@@ -77,6 +77,7 @@ def run_local(loaded: LoadedConfig) -> int:
                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port), DOCKYARD_CONFIG=str(config_file),
                        DOCKYARD_ENGINE_URL=url, DOCKYARD_ENGINE_LOG=str(engine_log),
                        DOCKYARD_ENGINE_NAME="generation server (embedded engine)",
+                       DOCKYARD_IMPORT_PATH=import_folders(Path(loaded.source)),
                        DOCKYARD_THREADS=str(max(1, cores // world_size)))
             log = None if rank == 0 else log_dir / f"trainer_rank{rank}.log"
             out = None if log is None else open(log, "w")

@@ -198,7 +198,7 @@ def test_wrong_types_and_non_finite_sampling_values():
 
 
 def test_unknown_component_names_list_the_registered_ones():
-    (problem,) = problems_of("grpo_tiny.yaml", "env.reward.name=exact")
+    (problem,) = problems_of("grpo_tiny.yaml", "env.reward={name:exact}")
     assert problem.startswith("env.reward.name: unknown reward 'exact'; registered names: ")
     assert "exact_match, math_answer" in problem and problem.endswith("(got 'exact')")
 
@@ -220,7 +220,7 @@ def test_dataset_needs_exactly_one_source():
 
 
 def test_import_failure_names_the_module():
-    problems = problems_of("grpo_tiny.yaml", "+imports=[no_such_module_xyz]")
+    problems = problems_of("grpo_tiny.yaml", "imports=[no_such_module_xyz]")
     assert problems == ["imports[0]: cannot import module 'no_such_module_xyz': ModuleNotFoundError: "
                         "No module named 'no_such_module_xyz'"]
 
