@@ -27,6 +27,20 @@ def model_folder(path: str | Path) -> Path:
     return folder
 
 
+def checkpoint_weights_folder(path: str | Path) -> Path:
+    """A dockyard checkpoint used as model weights: one concrete, complete step folder (<run>/step_<N>)."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise ModelNotFoundError(f"no checkpoint folder at {folder}")
+    if (folder / "latest_checkpointed_iteration.txt").is_file():
+        raise ModelNotFoundError(f"{folder} is a checkpoint_dir (it holds latest_checkpointed_iteration.txt); "
+                                 "name one step folder inside it, e.g. " + str(folder / "step_<N>"))
+    if not (folder / "trainer_state.json").is_file() or not (folder / "dcp" / ".metadata").is_file():
+        raise ModelNotFoundError(f"{folder} is not a complete dockyard checkpoint (needs trainer_state.json "
+                                 "and dcp/.metadata)")
+    return folder
+
+
 def _quiet_transformers() -> None:
     import transformers
 

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from dockyard.config.schema.checkpointing import CheckpointingConfig
@@ -68,6 +69,28 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
+
+
+class CheckpointLoadError(RuntimeError):
+    pass
+
+
+def load_model_weights(path: str | Path, model: torch.nn.Module) -> None:
+    """Only the model weights of a dockyard checkpoint (every rank calls it): a reference policy from a
+    saved step. Fails with the reason when the checkpoint does not hold this model's weights."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    from dockyard.models import checkpoint_weights_folder
+
+    folder = checkpoint_weights_folder(path)
+    state = {"model": get_model_state_dict(model)}
+    try:
+        dcp.load(state, checkpoint_id=str(folder / "dcp"))
+    except (Exception, CheckpointException) as err:  # DCP's per-rank failures are BaseExceptions
+        lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+        raise CheckpointLoadError(f"{folder} does not hold this model's weights: "
+                                  f"{lines[-1][:600] if lines else type(err).__name__}") from None
+    set_model_state_dict(model, state["model"])
 
 
 def _barrier() -> None:
