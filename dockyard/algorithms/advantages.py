@@ -20,7 +20,7 @@ class GroupRelativeAdvantage:
         rewards = rewards.double()
         if sum(group_sizes) != rewards.numel():
             raise ValueError(f"group sizes add up to {sum(group_sizes)} but there are {rewards.numel()} rewards")
-        if self.norm_mode == "none":
+        if self.norm_mode == "none" or rewards.numel() == 0:
             return rewards.float()
         if self.norm_mode.startswith("batch"):
             centred = rewards - rewards.mean()

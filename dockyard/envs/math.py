@@ -1,5 +1,6 @@
-"""`math`: single-turn arithmetic / GSM-style tasks. Generated rows (reasoning-gym) are scored by
-their own task's verifier; file rows by the configured reward (default math_answer)."""
+"""`math`: single-turn arithmetic / GSM-style tasks. A configured env.reward scores every row; without
+one, generated rows (reasoning-gym) are scored by their own task's verifier and file rows by
+math_answer."""
 
 from __future__ import annotations
 
@@ -18,18 +19,24 @@ class MathEnvironment:
         extra = config.model_extra or {}
         self.instruction: str | None = extra.get("instruction", DEFAULT_INSTRUCTION)
         self.extract = MathAnswer().extract
-        self.reward = (registry.build("reward", config.reward.name, **(config.reward.model_extra or {}))
-                       if config.reward is not None else MathAnswer())
+        self.override = (registry.build("reward", config.reward.name, **(config.reward.model_extra or {}))
+                         if config.reward is not None else None)
+        self.reward = self.override or MathAnswer()
         self._scorers: dict[str, object] = {}
 
     def score(self, completion: str, prompt: Prompt) -> float:
         entry = prompt.metadata.get("reasoning_gym_entry")
-        if entry is None:
+        if entry is None or self.override is not None:
             return float(self.reward(completion, str(prompt.label)))
         answer = self.extract(completion)
         if answer is None:
             return 0.0
         return 1.0 if self._scorer(entry["metadata"]["source_dataset"])(answer, entry) >= 1.0 else 0.0
+
+    def action_valid(self, completion: str) -> bool:
+        """The action of a math task is its final answer: invalid when none can be found
+        (grpo.invalid_action_penalty applies)."""
+        return self.extract(completion) is not None
 
     def _scorer(self, task: str):
         if task not in self._scorers:

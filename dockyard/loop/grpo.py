@@ -20,20 +20,24 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import yaml
 
 from dockyard import registry
+from dockyard.config.errors import ConfigError
+from dockyard.config.loader import read_resolved
 from dockyard.config.schema import MasterConfig
 from dockyard.data.datasets import (DatasetError, Prompt, PromptLoader, build_messages, load_prompts,
                                     prompt_token_ids)
 from dockyard.distributed import WorldInfo, init_trainer_world
 from dockyard.generation.client import EngineClient, GenerationServerError, WeightBroadcaster
 from dockyard.generation.engine import SamplingParams
-from dockyard.io.checkpoint import CheckpointManager, rng_state, set_rng_state
+from dockyard.algorithms.reward_transforms import sequence_kl
+from dockyard.io.checkpoint import (CheckpointLoadError, CheckpointManager, load_model_weights, rng_state,
+                                   set_rng_state)
 from dockyard.loop import stopping
-from dockyard.loop.safeguarding import apply_safeguards
+from dockyard.loop.rollouts import RolloutCollector
+from dockyard.loop.safeguarding import apply_safeguards, enabled_safeguards
 from dockyard.loop.stopping import RunStopped
-from dockyard.models import DTYPES, load_tokenizer
+from dockyard.models import DTYPES, ModelNotFoundError, load_tokenizer
 from dockyard.policy.dtensor import Sample, TrainingInterrupted
 
 
@@ -50,22 +54,11 @@ class PhaseTimer:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
 
-def _split(total: int, weights: list[float], shares: list[int | None]) -> list[int]:
-    """Prompts per dataset per step: explicit shares, else proportional to weight."""
-    if all(s is not None for s in shares):
-        return [int(s) for s in shares]
-    raw = [total * w / sum(weights) for w in weights]
-    counts = [int(r) for r in raw]
-    for index in sorted(range(len(raw)), key=lambda i: raw[i] - counts[i], reverse=True)[:total - sum(counts)]:
-        counts[index] += 1
-    return counts
-
-
-def informative_groups(rewards: list[float], group_size: int) -> list[int]:
-    """Indices of the trajectories in groups whose rewards are not all equal."""
-    return [index for start in range(0, len(rewards), group_size)
-            if len(set(rewards[start:start + group_size])) > 1
-            for index in range(start, start + group_size)]
+def mini_batch_bounds(count: int, parts: int) -> list[tuple[int, int]]:
+    """[start, end) of each mini-batch when `count` rollouts make `parts` optimizer steps: equal sizes
+    (the configured train_global_batch_size when nothing was filtered), empty ones left out."""
+    bounds = [(count * j // parts, count * (j + 1) // parts) for j in range(parts)]
+    return [(a, b) for a, b in bounds if b > a]
 
 
 def _without(prompts: list[Prompt], held_out: set[str], name: str) -> list[Prompt]:
@@ -73,6 +66,10 @@ def _without(prompts: list[Prompt], held_out: set[str], name: str) -> list[Promp
     if not kept:
         raise DatasetError(f"dataset {name!r}: every row is also a validation prompt")
     return kept
+
+
+class ReferenceModelError(ValueError):
+    """The configured reference policy cannot be loaded (never replaced by another one)."""
 
 
 class StepAbandoned(Exception):
@@ -97,9 +94,16 @@ class GRPOTrainer:
                                      total_optimizer_steps=total_optimizer_steps)
         self.reference = None
         if cfg.loss_fn.reference_policy_kl_penalty > 0:
+            source = cfg.loss_fn.reference_model
+            # the structure comes from hf_path (else the policy's folder); a checkpoint's weights replace its own
             self.reference = registry.build("policy_backend", cfg.policy.backend, config=cfg, world=world,
                                             device=device, total_optimizer_steps=0,
-                                            model_path=cfg.loss_fn.reference_model.hf_path, trainable=False)
+                                            model_path=source.hf_path, trainable=False)
+            if source.checkpoint_path:
+                try:
+                    load_model_weights(source.checkpoint_path, self.reference.model)
+                except (CheckpointLoadError, ModelNotFoundError) as err:
+                    raise ReferenceModelError(f"loss_fn.reference_model.checkpoint_path: {err}") from None
         adv = cfg.grpo.adv_estimator
         self.estimator = registry.build("advantage_estimator", adv.name, norm_mode=adv.norm_mode,
                                         epsilon=adv.epsilon, **(adv.model_extra or {}))
@@ -116,8 +120,11 @@ class GRPOTrainer:
             held_out = {str(p.input) for p in self.validation}
             self.loaders = [PromptLoader(_without(load_prompts(d), held_out, d.name), d.shuffle, cfg.policy.seed)
                             for d in cfg.data.datasets]
-            self.shares = _split(grpo.num_prompts_per_step, [d.weight for d in cfg.data.datasets],
-                                 [d.num_prompts_per_step for d in cfg.data.datasets])
+            temperature = cfg.policy.generation.temperature
+            self.collector = RolloutCollector(
+                cfg, self.env, self.loaders, generate=self._generate, prompt_ids=self._prompt_ids,
+                sampling=lambda lengths, n, seed: self._sampling(lengths, n, temperature, seed),
+                decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True), timer=self.timer)
             self.client = EngineClient(engine_url, name=os.environ.get("DOCKYARD_ENGINE_NAME", "generation server"),
                                        log_path=engine_log)
             # the address the server reaches trainer rank 0 at (its node name under Slurm)
@@ -126,6 +133,7 @@ class GRPOTrainer:
             chat = cfg.policy.generation.chat_template
             self.chat_template = Path(chat.path).read_text() if chat.path else None
         self.engine_is_current = False
+        self.engine_seconds = 0.0
         self.stopper: stopping.StopRequests | None = None
         self.generating = False
 
@@ -155,6 +163,17 @@ class GRPOTrainer:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
+    def _gather_by_position(self, values: torch.Tensor, positions: list[int], count: int) -> torch.Tensor:
+        """Every rank's per-sample values, placed at the samples' positions in the step's rollouts."""
+        pieces = [(positions, values.tolist())]
+        if self.world.world_size > 1:
+            pieces = [None] * self.world.world_size
+            dist.all_gather_object(pieces, (positions, values.tolist()))
+        full = torch.zeros(count, dtype=torch.float64)
+        for where, got in pieces:
+            full[where] = torch.tensor(got, dtype=torch.float64)
+        return full
+
     # --- phases -------------------------------------------------------------------------------
 
     def refit(self) -> None:
@@ -176,36 +195,19 @@ class GRPOTrainer:
                 raise
         self.engine_is_current = True
 
+    def _generate(self, prompt_ids: list[list[int]], params: SamplingParams):
+        completions = self.client.generate(prompt_ids, params)
+        self.engine_seconds += float(self.client.last_usage.get("generation_seconds", 0.0))
+        return completions
+
     def generate_and_score(self, step: int) -> tuple[list[Sample], list[float], dict[str, float]]:
-        prompts = [p for loader, share in zip(self.loaders, self.shares) for p in loader.take(share)]
-        with self.timer("generate"):
-            prompt_ids = [self._prompt_ids(p) for p in prompts]
-            params = self._sampling([len(p) for p in prompt_ids], self.group_size,
-                                    self.cfg.policy.generation.temperature, self.cfg.policy.seed * 1_000_003 + step)
-            completions = self.client.generate(prompt_ids, params)
-        with self.timer("reward"):
-            samples, rewards, lengths = [], [], []
-            for completion in completions:
-                text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
-                rewards.append(self.env.score(text, prompts[completion.prompt_index]))
-                ids = prompt_ids[completion.prompt_index]
-                samples.append(Sample(token_ids=ids + completion.token_ids, prompt_length=len(ids),
-                                      rollout_logprobs=list(completion.logprobs)))
-                lengths.append(len(completion.token_ids))
-        for completion, reward in list(zip(completions, rewards))[:self.cfg.logger.num_samples_to_print]:
-            prompt = prompts[completion.prompt_index]
-            text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
-            print(f"  sample (step {step}, reward {reward:g}): {str(prompt.input)[:200]!r} -> {text[:300]!r} "
-                  f"(label {prompt.label!r})", file=sys.stderr, flush=True)
-        reward_tensor = torch.tensor(rewards)
-        generated = sum(lengths)
-        metrics = {"reward/mean": float(reward_tensor.mean()), "reward/std": float(reward_tensor.std()),
-                   "accuracy": float((reward_tensor >= 1.0).float().mean()),
-                   "gen/mean_response_tokens": generated / len(lengths),
-                   "gen/truncated_fraction": sum(c.finish_reason == "length" for c in completions) / len(completions),
-                   "gen/tokens_per_s": generated / max(self.timer.seconds.get("generate", 0.0), 1e-9),
-                   "gen/engine_seconds": float(self.client.last_usage.get("generation_seconds", 0.0))}
-        return samples, rewards, metrics
+        """The step's training groups (flat, groups consecutive), their rewards and the sampling metrics."""
+        self.engine_seconds = 0.0
+        groups, metrics = self.collector.collect(self.cfg.policy.seed * 1_000_003 + step)
+        trajectories = [t for g in groups for t in g.trajectories]
+        metrics["gen/tokens_per_s"] = metrics["gen/generated_tokens"] / max(self.timer.seconds.get("generate", 0.0), 1e-9)
+        metrics["gen/engine_seconds"] = self.engine_seconds
+        return [t.sample for t in trajectories], [t.reward for t in trajectories], metrics
 
     def _generate_for_step(self, step: int):
         """Rank 0's rollouts; None when a stop was requested and the servers went away meanwhile."""
@@ -270,24 +272,20 @@ class GRPOTrainer:
             if code or payload is None:
                 raise StepAbandoned(code or stopping.TERM)
         samples, rewards, metrics = payload
-        # Mini-batch j is rollouts [jM, (j+1)M); each rank trains on every world_size-th of them.
-        trained = samples
-        if self.cfg.grpo.filters.identical_reward:
-            # A group whose rewards are all equal has zero advantage: it adds no gradient, only
-            # tokens to the token-mean, which shrinks the step. support.py allows the filter only
-            # with one optimizer step per step, so the survivors form that one mini-batch.
-            kept = informative_groups(rewards, self.group_size)
-            trained = [samples[i] for i in kept]
-            metrics["train/kept_fraction"] = len(trained) / len(samples)
-        size = self.mini_batch if trained is samples else len(trained)
-        mini_batches = [trained[j * size:(j + 1) * size][self.world.rank::self.world.world_size]
-                        for j in range(self.num_mini_batches if trained else 0)]
+        # Mini-batch j is the j-th slice of the step's rollouts; each rank trains on every
+        # world_size-th of it. Filters shrink the step; the same number of optimizer steps remains.
+        positions = [list(range(a, b))[self.world.rank::self.world.world_size]
+                     for a, b in mini_batch_bounds(len(samples), self.num_mini_batches)]
+        mini_batches = [[samples[i] for i in chunk] for chunk in positions]
         local = [s for mb in mini_batches for s in mb]
+        local_positions = [i for chunk in positions for i in chunk]
+        metrics["train/kept_fraction"] = len(samples) / (self.cfg.grpo.num_prompts_per_step * self.group_size)
         # One optimizer step per rollout batch: the weights that sampled are the ones being trained,
         # so the training forward supplies the old logprobs and the separate pass is skipped.
         loss_cfg = self.cfg.loss_fn
-        safeguards = loss_cfg.is_correction.enabled or loss_cfg.m2po.enabled or loss_cfg.opsm.enabled
-        on_policy = self.num_mini_batches == 1 and loss_cfg.ppo_epochs == 1 and not safeguards
+        safeguards = bool(enabled_safeguards(loss_cfg))
+        kl_in_reward = self.reference is not None and loss_cfg.kl_in_reward
+        on_policy = self.num_mini_batches == 1 and loss_cfg.ppo_epochs == 1 and not safeguards and not kl_in_reward
         with self.timer("logprobs"):
             if loss_cfg.use_rollout_logprobs:
                 old = [torch.tensor(s.rollout_logprobs) for s in local]
@@ -295,10 +293,16 @@ class GRPOTrainer:
                 old = None if on_policy else self.policy.logprobs(local)
             ref = self.reference.logprobs(local) if self.reference is not None else None
         with self.timer("advantages"):
-            advantages = self.estimator(torch.tensor(rewards), [self.group_size] * (len(rewards) // self.group_size))
-            by_identity = {id(s): float(a) for s, a in zip(samples, advantages)}
-            for sample in local:
-                sample.advantage = by_identity[id(sample)]
+            reward_tensor = torch.tensor(rewards, dtype=torch.float64)
+            if kl_in_reward:
+                penalty = self._gather_by_position(
+                    sequence_kl(old, ref, [s.response_mask() for s in local], loss_cfg.reference_policy_kl_type),
+                    local_positions, len(samples))
+                reward_tensor = reward_tensor - loss_cfg.reference_policy_kl_penalty * penalty
+                metrics["reward/kl_in_reward_mean"] = float(penalty.mean()) if len(samples) else 0.0
+            advantages = self.estimator(reward_tensor, [self.group_size] * (len(rewards) // self.group_size))
+            for sample, position in zip(local, local_positions):
+                sample.advantage = float(advantages[position])
         if safeguards:
             metrics.update(apply_safeguards(loss_cfg, local, old))
         with self.timer("train"):
@@ -446,7 +450,11 @@ class GRPOTrainer:
 
 def main(stopper: "stopping.StopRequests | None" = None) -> int:
     config_path = os.environ["DOCKYARD_CONFIG"]
-    cfg = MasterConfig.model_validate(yaml.safe_load(Path(config_path).read_text()))
+    try:
+        cfg = read_resolved(config_path)
+    except ConfigError as err:
+        print(f"dockyard: {err}", file=sys.stderr, flush=True)
+        return 2
     threads = int(os.environ.get("DOCKYARD_THREADS", "0"))
     if threads:
         torch.set_num_threads(threads)
@@ -467,6 +475,9 @@ def main(stopper: "stopping.StopRequests | None" = None) -> int:
         return 3
     except DatasetError as err:
         print(f"dockyard: data error: {err}", file=sys.stderr, flush=True)
+        return 2
+    except ReferenceModelError as err:
+        print(f"dockyard: {err}", file=sys.stderr, flush=True)
         return 2
     finally:
         if dist.is_initialized():

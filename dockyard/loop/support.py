@@ -22,15 +22,9 @@ def _components(cfg: MasterConfig) -> list[tuple[str, str, str | None]]:
 
 
 def _features(cfg: MasterConfig) -> list[tuple[str, bool]]:
-    loss, grpo, logger = cfg.loss_fn, cfg.grpo, cfg.logger
+    grpo, logger = cfg.grpo, cfg.logger
     return [
-        ("loss_fn.kl_in_reward", loss.kl_in_reward),
-        ("loss_fn.reference_model.checkpoint_path", loss.reference_model.checkpoint_path is not None),
         ("grpo.async_grpo.enabled", grpo.async_grpo.enabled),
-        ("grpo.sampler.dynamic_sampling", grpo.sampler.dynamic_sampling),
-        ("grpo.sampler.num_oversample", grpo.sampler.num_oversample > 0),
-        ("grpo.reward_scaling.enabled", grpo.reward_scaling.enabled),
-        ("grpo.reward_shaping.enabled", grpo.reward_shaping.enabled),
         ("grpo.skip_prev_logprobs", grpo.skip_prev_logprobs),
         ("grpo.max_rollout_turns", grpo.max_rollout_turns > 1),
         ("grpo.run_mode", grpo.run_mode != "default"),
@@ -56,11 +50,6 @@ def unsupported(cfg: MasterConfig) -> list[Problem]:
     for path, requested in _features(cfg):
         if requested:
             problems.append(Problem(path, "not supported by the GRPO loop in this version; turn it off"))
-    rollouts = cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt
-    if cfg.grpo.filters.identical_reward and cfg.policy.train_global_batch_size != rollouts:
-        problems.append(Problem("grpo.filters.identical_reward", "the loop filters groups only when a step is "
-                                f"one optimizer step (policy.train_global_batch_size = {rollouts}); turn it off "
-                                "or set that"))
     return problems
 
 
@@ -97,15 +86,21 @@ def slurm_shape(cfg: MasterConfig) -> list[Problem]:
 
 def missing_models(cfg: MasterConfig) -> list[Problem]:
     """Model folders the run would load (policy, reference) that are not there: named before anything starts."""
-    from dockyard.models import ModelNotFoundError, model_folder
+    from dockyard.models import ModelNotFoundError, checkpoint_weights_folder, model_folder
 
-    wanted = [("policy.model_name", cfg.policy.model_name)]
-    if cfg.loss_fn.reference_policy_kl_penalty > 0 and cfg.loss_fn.reference_model.hf_path:
-        wanted.append(("loss_fn.reference_model.hf_path", cfg.loss_fn.reference_model.hf_path))
+    reference = cfg.loss_fn.reference_model
+    wanted = [("policy.model_name", cfg.policy.model_name, model_folder)]
+    if cfg.loss_fn.reference_policy_kl_penalty > 0:
+        if reference.hf_path:
+            wanted.append(("loss_fn.reference_model.hf_path", reference.hf_path, model_folder))
+        if reference.checkpoint_path:
+            # a set but unusable checkpoint never falls back to hf_path
+            wanted.append(("loss_fn.reference_model.checkpoint_path", reference.checkpoint_path,
+                           checkpoint_weights_folder))
     problems = []
-    for path, folder in wanted:
+    for path, folder, check in wanted:
         try:
-            model_folder(folder)
+            check(folder)
         except ModelNotFoundError as err:
             problems.append(Problem(path, str(err)))
     return problems

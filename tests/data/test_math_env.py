@@ -35,3 +35,12 @@ def test_file_rows_use_the_configured_reward():
 def test_instruction_is_configurable():
     env = registry.build("environment", "math", config=EnvConfig(name="math", instruction="Answer in digits."))
     assert env.instruction == "Answer in digits."
+
+
+def test_a_configured_reward_also_scores_generated_rows_and_actions_without_an_answer_are_invalid(env):
+    [prompt] = load_prompts(DatasetConfig(generator={"name": "basic_arithmetic", "size": 1, "seed": 1}))
+    exact = registry.build("environment", "math", config=EnvConfig(name="math", reward={"name": "exact_match"}))
+    right = str(prompt.label)
+    assert env.score(f"The answer is {right}", prompt) == 1.0
+    assert exact.score(f"The answer is {right}", prompt) == 0.0 and exact.score(right, prompt) == 1.0
+    assert env.action_valid("it is 4") and not env.action_valid("I do not know")

@@ -1,9 +1,11 @@
-"""grpo_tiny end to end (2 trainer ranks + engine) with each policy loss and each off-policy
-safeguard switched on: the option reaches the trainer and the run completes."""
+"""grpo_tiny end to end (2 trainer ranks + engine) with each policy loss, off-policy safeguard, reward
+transform and sampling option switched on: the option reaches the trainer and the run completes."""
 
 import json
 
 import pytest
+import torch
+import torch.distributed.checkpoint as dcp
 
 from tests.run.test_local_run import run
 
@@ -24,11 +26,23 @@ OPTIONS = {
     "M2PO": ["loss_fn.m2po.enabled=true", "loss_fn.m2po.threshold=0.0001"],
     "OPSM": ["loss_fn.opsm.enabled=true", "loss_fn.opsm.delta=0.0001"],
     "rollout logprobs as old": ["loss_fn.use_rollout_logprobs=true"],
+    "KL in reward": ["loss_fn.reference_policy_kl_penalty=0.05", "loss_fn.kl_in_reward=true",
+                     "loss_fn.reference_model.hf_path=${policy.model_name}"],
+    "reward scaling, overlong shaping, invalid-action penalty": [
+        "grpo.reward_scaling.enabled=true", "grpo.reward_scaling.target_min=-1", "grpo.reward_shaping.enabled=true",
+        "grpo.reward_shaping.overlong_buffer_length=8", "grpo.invalid_action_penalty=-0.5"],
+    "dynamic sampling with oversampling, identical-reward filter, 2 optimizer steps": [
+        "grpo.sampler.dynamic_sampling=true", "grpo.sampler.num_oversample=2", "grpo.filters.identical_reward=true",
+        "policy.train_global_batch_size=8", "policy.train_micro_batch_size=2",
+        # the tiny random model almost never answers right (~1% informative groups); a reward that is 1 for
+        # about a quarter of the completions leaves about a third of the groups all-equal
+        "imports=[user_rewards]", "env.reward={name:coin_reward}"],
 }
 
 
 @pytest.mark.parametrize("name", list(OPTIONS))
 def test_grpo_tiny_runs_with(name, tmp_path, tiny_model):
+    (tmp_path / "user_rewards.py").write_text(USER_REWARDS)
     result = run(tmp_path, tiny_model, "grpo.max_num_steps=2", "checkpointing.enabled=false", *OPTIONS[name])
     assert result.returncode == 0, result.stdout[-3000:]
     lines = [json.loads(line) for line in
@@ -41,3 +55,83 @@ def test_grpo_tiny_runs_with(name, tmp_path, tiny_model):
         assert all(m["safeguard/is_weight_mean"] > 0 for m in lines)
     if name.startswith("reference KL"):
         assert all("train/kl_ref" in m for m in lines)
+    if name == "KL in reward":
+        assert all("reward/kl_in_reward_mean" in m and "train/kl_ref" not in m for m in lines)
+        assert lines[1]["reward/kl_in_reward_mean"] > 0   # the policy moved away from the reference
+    if name.startswith("reward scaling"):
+        # raw rewards in [0, 1] map to [-1, 1]; the penalties only lower them
+        assert all(m["reward/mean"] <= 2 * m["reward/raw_mean"] - 1 + 1e-6 for m in lines)
+        assert all(m["reward/mean"] < 2 * m["reward/raw_mean"] - 1 for m in lines if m["gen/truncated_fraction"] > 0)
+    if name.startswith("dynamic sampling"):
+        assert all(m["sampling/groups_kept"] == 4 and m["train/kept_fraction"] == 1.0 for m in lines)
+        assert all(m["sampling/groups_sampled"] >= 6 for m in lines)
+        assert sum(m["sampling/dropped_identical_reward"] for m in lines) > 0
+
+
+USER_REWARDS = """
+import zlib
+
+from dockyard.components.rewards import MathAnswer
+from dockyard.registry import register
+
+
+@register("reward", "coin_reward")
+class CoinReward:
+    \"\"\"1 for about a quarter of the completions (by a stable hash of the text), else 0.\"\"\"
+
+    def __call__(self, completion, label):
+        return float(zlib.crc32(completion.encode()) % 4 == 0)
+
+
+@register("reward", "flaky_math_answer")
+class FlakyMathAnswer(MathAnswer):
+    \"\"\"math_answer whose scorer crashes on every completion of a length divisible by 3.\"\"\"
+
+    def __call__(self, completion, label):
+        if len(completion) % 3 == 0:
+            raise RuntimeError("scorer crashed")
+        return super().__call__(completion, label)
+"""
+
+
+def test_a_user_reward_from_imports_that_crashes_is_retried_and_filtered(tmp_path, tiny_model):
+    (tmp_path / "user_rewards.py").write_text(USER_REWARDS)
+    result = run(tmp_path, tiny_model, "grpo.max_num_steps=2", "checkpointing.enabled=false", "grpo.retry_limit=2",
+                 "imports=[user_rewards]", "env.reward={name:flaky_math_answer}")
+    assert result.returncode == 0, result.stdout[-3000:]
+    lines = [json.loads(line) for line in
+             (tmp_path / "runs" / "grpo_tiny" / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert sum(m["sampling/retried_trajectories"] for m in lines) > 0
+    assert all(m["sampling/dropped_status"] == m["sampling/groups_sampled"] - m["sampling/groups_kept"] for m in lines)
+    if any(m["sampling/failed_trajectories"] for m in lines):
+        assert "FAILED after 2 attempt(s)" in result.stdout
+
+
+def test_the_reference_can_come_from_a_saved_checkpoint(tmp_path, tiny_model):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "user_rewards.py").write_text(USER_REWARDS)
+    # a reward the tiny model earns sometimes, so the saved policy differs from the initial one
+    first = run(tmp_path / "a", tiny_model, "grpo.max_num_steps=2", "imports=[user_rewards]",
+                "env.reward={name:coin_reward}")
+    assert first.returncode == 0, first.stdout[-3000:]
+    saved = tmp_path / "a" / "runs" / "grpo_tiny" / "checkpoints" / "step_2"
+    result = run(tmp_path / "b", tiny_model, "grpo.max_num_steps=1", "checkpointing.enabled=false",
+                 "loss_fn.reference_policy_kl_penalty=0.05", f"loss_fn.reference_model.checkpoint_path={saved}",
+                 "loss_fn.reference_model.hf_path=${policy.model_name}")
+    assert result.returncode == 0, result.stdout[-3000:]
+    [line] = [json.loads(x) for x in (tmp_path / "b/runs/grpo_tiny/logs/metrics.jsonl").read_text().splitlines()]
+    # at step 1 the policy is the initial model: a KL above zero means the reference holds the trained weights
+    assert line["train/kl_ref"] > 1e-6
+
+
+def test_a_checkpoint_of_another_model_as_reference_ends_the_run_naming_the_field(tmp_path, tiny_model):
+    other = tmp_path / "other" / "step_1"
+    dcp.save({"model": {"lm_head.weight": torch.zeros(2, 2)}}, checkpoint_id=str(other / "dcp"), no_dist=True)
+    (other / "trainer_state.json").write_text("{}")
+    result = run(tmp_path, tiny_model, "grpo.max_num_steps=1", "loss_fn.reference_policy_kl_penalty=0.05",
+                 f"loss_fn.reference_model.checkpoint_path={other}",
+                 "loss_fn.reference_model.hf_path=${policy.model_name}")
+    assert result.returncode != 0
+    assert "loss_fn.reference_model.checkpoint_path: " in result.stdout
+    assert "does not hold this model's weights" in result.stdout and "Traceback" not in result.stdout
+    assert not (tmp_path / "runs" / "grpo_tiny" / "checkpoints").exists()

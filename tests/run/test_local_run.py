@@ -110,23 +110,16 @@ def test_a_dead_component_ends_the_run_naming_it(tiny_model, tmp_path, victim, n
 
 
 def test_unsupported_features_and_missing_model_are_refused_before_starting(tmp_path):
-    result = run(tmp_path, tmp_path / "no-model", "grpo.sampler.dynamic_sampling=true", "policy.backend=megatron",
+    result = run(tmp_path, tmp_path / "no-model", "policy.lora.enabled=true", "policy.backend=megatron",
                  "+policy.megatron_cfg.bf16=false", "loss_fn.reference_policy_kl_penalty=0.1",
                  "loss_fn.reference_model.hf_path=/no/reference")
     assert result.returncode == 2
-    assert "grpo.sampler.dynamic_sampling: not supported by the GRPO loop in this version" in result.stdout
+    assert "policy.lora.enabled: not supported by the GRPO loop in this version" in result.stdout
     assert "loss_fn.reference_model.hf_path: no model folder at" in result.stdout
     assert "policy.backend: policy_backend 'megatron' is not available in this version" in result.stdout
     assert "policy.model_name: no model folder at" in result.stdout and "make_tiny_model.py" in result.stdout
     assert "Traceback" not in result.stdout
     assert not (tmp_path / "runs").exists()
-
-
-def test_identical_reward_filter_keeps_only_informative_groups():
-    from dockyard.loop.grpo import informative_groups
-
-    assert informative_groups([0, 0, 1, 1, 1, 1, 0, 1, 0], 3) == [0, 1, 2, 6, 7, 8]
-    assert informative_groups([1, 1, 0, 0], 2) == []
 
 
 def test_grpo_tiny_runs_with_the_identical_reward_filter(tiny_model, tmp_path):
@@ -135,6 +128,5 @@ def test_grpo_tiny_runs_with_the_identical_reward_filter(tiny_model, tmp_path):
     assert result.returncode == 0, result.stdout
     rows = [json.loads(line) for line in (tmp_path / "runs/grpo_tiny/logs/metrics.jsonl").read_text().splitlines()]
     assert all(0.0 <= row["train/kept_fraction"] <= 1.0 for row in rows)
-    refused = run(tmp_path, tiny_model, "grpo.filters.identical_reward=true", "policy.train_global_batch_size=8",
-                  "policy.train_micro_batch_size=2")
-    assert refused.returncode == 2 and "grpo.filters.identical_reward: the loop filters groups only" in refused.stdout
+    assert all(row["sampling/dropped_identical_reward"] == 4 - row["sampling/groups_kept"] for row in rows)
+    assert all(row["train/kept_fraction"] == row["sampling/groups_kept"] / 4 for row in rows)

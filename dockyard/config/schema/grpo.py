@@ -35,12 +35,16 @@ class RewardShaping(Section):
 
 
 class SamplerConfig(Section):
-    dynamic_sampling: bool = field(False, "Keep sampling until num_prompts_per_step groups survive the filters.",
+    dynamic_sampling: bool = field(False, "Keep sampling until num_prompts_per_step groups survive the filters "
+                                   "(refill = missing groups x refill_ratio prompts per round).",
                                    "Refused by async GRPO.")
-    num_oversample: NonNegativeInt = field(0, "Extra prompt groups dispatched per step.",
+    num_oversample: NonNegativeInt = field(0, "Extra prompt groups sampled per step; groups beyond "
+                                           "num_prompts_per_step that survive the filters are discarded.",
                                            "Must be 0 with async GRPO (use max_staleness_steps).")
     refill_ratio: float = field(2.0, "Refill amplification: refill = missing groups x refill_ratio.", ge=1)
     max_refill_count: PositiveInt = field(256, "Most prompts in one refill.")
+    max_refill_rounds: NonNegativeInt = field(8, "Most refills in one step; after them the step trains on "
+                                              "the groups it has (and says so).")
     rollout_timeout_s: float = field(7200.0, "Longest wait for one rollout before it is aborted.", gt=0)
 
 

@@ -1,0 +1,207 @@
+"""One step's rollouts, on trainer rank 0: draw prompts, sample a group per prompt, score every
+trajectory (retrying failed ones), apply the reward transforms and the group filters, and, with
+dynamic sampling, refill until the step has its num_prompts_per_step groups.
+
+A trajectory attempt FAILS when the environment raises while scoring it (a scorer crash; a sandbox
+or tool error in tool environments). It is sampled again, up to grpo.retry_limit attempts in all;
+after the last one it is FAILED with reward 0, and the status filter drops its group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+from dataclasses import dataclass, field
+from typing import Callable, ContextManager
+
+import torch
+
+from dockyard import registry
+from dockyard.algorithms.group_filters import FAILED, enabled_filters
+from dockyard.algorithms.reward_transforms import RolloutFacts, enabled_transforms
+from dockyard.config.schema import MasterConfig
+from dockyard.data.datasets import Prompt, PromptLoader
+from dockyard.generation.engine import Completion, SamplingParams
+from dockyard.policy.dtensor import Sample
+
+OK = "ok"
+
+
+@dataclass
+class Trajectory:
+    sample: Sample
+    raw_reward: float           # the environment's score (0 when FAILED)
+    reward: float = 0.0         # after the reward transforms: what trains
+    status: str = OK
+    attempts: int = 1
+    action_valid: bool = True
+    finish_reason: str = "stop"
+    max_tokens: int = 0
+    error: str | None = None
+
+
+@dataclass
+class Group:
+    prompt: Prompt
+    trajectories: list[Trajectory] = field(default_factory=list)
+
+
+def split_counts(total: int, weights: list[float], shares: list[int | None]) -> list[int]:
+    """Prompts per dataset: explicit shares, else `total` proportional to weight (largest remainders)."""
+    if all(s is not None for s in shares):
+        return [int(s) for s in shares]
+    raw = [total * w / sum(weights) for w in weights]
+    counts = [int(r) for r in raw]
+    for index in sorted(range(len(raw)), key=lambda i: raw[i] - counts[i], reverse=True)[:total - sum(counts)]:
+        counts[index] += 1
+    return counts
+
+
+class RolloutCollector:
+    """Rank 0's sampler. `generate(prompt_ids, params)` is the engine call; `prompt_ids(prompt)` tokenises;
+    `sampling(lengths, n, seed)` builds the request parameters; `decode(ids)` gives the text to score."""
+
+    def __init__(self, cfg: MasterConfig, env, loaders: list[PromptLoader], generate: Callable,
+                 prompt_ids: Callable[[Prompt], list[int]], sampling: Callable[..., SamplingParams],
+                 decode: Callable[[list[int]], str], timer: Callable[[str], ContextManager] | None = None):
+        self.cfg, self.env, self.loaders = cfg, env, loaders
+        self.timer = timer or (lambda name: contextlib.nullcontext())
+        self.generate, self.prompt_ids, self.sampling, self.decode = generate, prompt_ids, sampling, decode
+        grpo = cfg.grpo
+        self.group_size, self.want = grpo.num_generations_per_prompt, grpo.num_prompts_per_step
+        datasets = cfg.data.datasets
+        self.shares = split_counts(self.want, [d.weight for d in datasets], [d.num_prompts_per_step for d in datasets])
+        self.transforms = [(name, registry.build("reward_transform", name, config=grpo))
+                           for name in enabled_transforms(grpo)]
+        self.filters = [(name, registry.build("group_filter", name, config=grpo)) for name in enabled_filters(grpo)]
+
+    # --- drawing prompts ----------------------------------------------------------------------
+
+    def _draw(self, count: int) -> list[Prompt]:
+        """`count` prompts in the step's dataset proportions (exactly the shares for one step's worth)."""
+        counts = self.shares if count == self.want else split_counts(count, [float(s) for s in self.shares],
+                                                                     [None] * len(self.shares))
+        return [p for loader, n in zip(self.loaders, counts) for p in loader.take(n)]
+
+    # --- one batch of groups ------------------------------------------------------------------
+
+    def _score(self, completion: Completion, prompt: Prompt, ids: list[int], max_tokens: int) -> Trajectory:
+        text = self.decode(completion.token_ids)
+        sample = Sample(token_ids=ids + completion.token_ids, prompt_length=len(ids),
+                        rollout_logprobs=list(completion.logprobs))
+        trajectory = Trajectory(sample, 0.0, finish_reason=completion.finish_reason, max_tokens=max_tokens)
+        try:
+            trajectory.raw_reward = float(self.env.score(text, prompt))
+            valid = getattr(self.env, "action_valid", None)
+            trajectory.action_valid = bool(valid(text)) if valid is not None else True
+        except Exception as err:  # any scorer failure is this trajectory's, never the run's
+            trajectory.status, trajectory.error = FAILED, f"{type(err).__name__}: {err}"
+        return trajectory
+
+    def _sample_groups(self, prompts: list[Prompt], seed: int) -> list[Group]:
+        with self.timer("generate"):
+            ids = [self.prompt_ids(p) for p in prompts]
+            params = self.sampling([len(i) for i in ids], self.group_size, seed)
+            completions = self.generate(ids, params)
+        groups = [Group(p) for p in prompts]
+        with self.timer("reward"):
+            for completion in completions:
+                index = completion.prompt_index
+                groups[index].trajectories.append(self._score(completion, prompts[index], ids[index],
+                                                              params.max_tokens))
+        retry_limit = self.cfg.grpo.retry_limit
+        for attempt in range(2, retry_limit + 1):
+            failed = [(g, k) for g, group in enumerate(groups) for k, t in enumerate(group.trajectories)
+                      if t.status == FAILED]
+            if not failed:
+                break
+            retry_ids = [ids[g] for g, _ in failed]
+            retry_params = self.sampling([len(i) for i in retry_ids], 1, seed + 104_729 * attempt)
+            with self.timer("generate"):
+                completions = self.generate(retry_ids, retry_params)
+            with self.timer("reward"):
+                for completion in completions:
+                    g, k = failed[completion.prompt_index]
+                    again = self._score(completion, prompts[g], ids[g], retry_params.max_tokens)
+                    again.attempts = attempt
+                    groups[g].trajectories[k] = again
+        for group in groups:
+            for t in group.trajectories:
+                if t.status == FAILED:
+                    t.raw_reward = 0.0
+                    print(f"dockyard: a trajectory FAILED after {t.attempts} attempt(s) (grpo.retry_limit "
+                          f"{retry_limit}): {t.error}", file=sys.stderr, flush=True)
+        self._transform(groups)
+        return groups
+
+    def _transform(self, groups: list[Group]) -> None:
+        trajectories = [t for g in groups for t in g.trajectories]
+        rewards = torch.tensor([t.raw_reward for t in trajectories], dtype=torch.float64)
+        facts = RolloutFacts(
+            response_tokens=torch.tensor([t.sample.response_length for t in trajectories]),
+            max_tokens=torch.tensor([t.max_tokens for t in trajectories]),
+            action_valid=torch.tensor([t.action_valid for t in trajectories], dtype=torch.bool))
+        for _, transform in self.transforms:
+            rewards = transform(rewards, facts)
+        for t, reward in zip(trajectories, rewards.tolist()):
+            t.reward = reward
+
+    def _keep(self, group: Group, dropped: dict[str, int]) -> bool:
+        for name, keep in self.filters:
+            if not keep(group.trajectories):
+                dropped[name] += 1
+                return False
+        return True
+
+    def _print_samples(self, groups: list[Group]) -> None:
+        shown = [(g.prompt, t) for g in groups for t in g.trajectories][:self.cfg.logger.num_samples_to_print]
+        for prompt, t in shown:
+            text = self.decode(t.sample.token_ids[t.sample.prompt_length:])
+            print(f"  sample (reward {t.reward:g}{', FAILED' if t.status == FAILED else ''}): "
+                  f"{str(prompt.input)[:200]!r} -> {text[:300]!r} (label {prompt.label!r})", file=sys.stderr, flush=True)
+
+    # --- the step -----------------------------------------------------------------------------
+
+    def collect(self, seed: int) -> tuple[list[Group], dict[str, float]]:
+        """The groups that train this step (at most num_prompts_per_step, in sampling order), and
+        metrics over everything sampled (refills included)."""
+        sampler = self.cfg.grpo.sampler
+        prompts = self._draw(self.want + sampler.num_oversample)
+        kept: list[Group] = []
+        sampled: list[Group] = []
+        dropped = {name: 0 for name, _ in self.filters}
+        refills = 0
+        while True:
+            groups = self._sample_groups(prompts, seed + 7_919 * refills)
+            sampled += groups
+            kept += [g for g in groups if self._keep(g, dropped)]
+            if len(kept) >= self.want or not sampler.dynamic_sampling:
+                break
+            if refills == sampler.max_refill_rounds:
+                print(f"dockyard: dynamic sampling kept {len(kept)} of {self.want} groups after {refills} refills "
+                      "(grpo.sampler.max_refill_rounds); training on those", file=sys.stderr, flush=True)
+                break
+            refills += 1
+            need = self.want - len(kept)
+            prompts = self._draw(min(math.ceil(need * sampler.refill_ratio), sampler.max_refill_count))
+        kept = kept[:self.want]
+        self._print_samples(sampled)
+        every = [t for g in sampled for t in g.trajectories]
+        raw = torch.tensor([t.raw_reward for t in every])
+        final = torch.tensor([t.reward for t in every])
+        metrics = {"reward/mean": float(final.mean()), "reward/std": float(final.std()) if len(every) > 1 else 0.0,
+                   "reward/raw_mean": float(raw.mean()),
+                   "accuracy": float((raw >= 1.0).float().mean()),
+                   "sampling/groups_sampled": float(len(sampled)), "sampling/groups_kept": float(len(kept)),
+                   "sampling/refills": float(refills),
+                   "sampling/failed_trajectories": float(sum(t.status == FAILED for t in every)),
+                   "sampling/retried_trajectories": float(sum(t.attempts > 1 for t in every)),
+                   "sampling/invalid_actions": float(sum(not t.action_valid for t in every))}
+        for name, count in dropped.items():
+            metrics[f"sampling/dropped_{name}"] = float(count)
+        lengths = [t.sample.response_length for t in every]
+        metrics["gen/mean_response_tokens"] = sum(lengths) / len(lengths)
+        metrics["gen/generated_tokens"] = float(sum(lengths))
+        metrics["gen/truncated_fraction"] = sum(t.finish_reason == "length" for t in every) / len(every)
+        return kept, metrics
