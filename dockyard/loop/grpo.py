@@ -17,6 +17,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
 import torch.distributed as dist
@@ -28,7 +29,8 @@ from dockyard.config.schema import MasterConfig
 from dockyard.data.datasets import (DatasetError, Prompt, PromptLoader, build_messages, load_prompts,
                                     prompt_token_ids)
 from dockyard.distributed import WorldInfo, init_trainer_world
-from dockyard.generation.client import EngineClient, GenerationServerError, WeightBroadcaster
+from dockyard.generation.client import (EngineClient, GenerationServerError, SharedMemoryWeights,
+                                       WeightBroadcaster, is_this_machine)
 from dockyard.generation.engine import SamplingParams
 from dockyard.algorithms.reward_transforms import sequence_kl
 from dockyard.io.checkpoint import (CheckpointLoadError, CheckpointManager, load_model_weights, rng_state,
@@ -127,9 +129,7 @@ class GRPOTrainer:
                 decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True), timer=self.timer)
             self.client = EngineClient(engine_url, name=os.environ.get("DOCKYARD_ENGINE_NAME", "generation server"),
                                        log_path=engine_log)
-            # the address the server reaches trainer rank 0 at (its node name under Slurm)
-            self.broadcaster = WeightBroadcaster(self.client, os.environ.get("DOCKYARD_WEIGHT_SYNC_ADDR", "127.0.0.1"),
-                                                 weight_sync_port)
+            self.weights_out = self._weight_transfer(engine_url, weight_sync_port)
             chat = cfg.policy.generation.chat_template
             self.chat_template = Path(chat.path).read_text() if chat.path else None
         self.engine_is_current = False
@@ -155,6 +155,16 @@ class GRPOTrainer:
         return SamplingParams(n=n, max_tokens=max_tokens, temperature=temperature, top_p=gen.top_p, top_k=gen.top_k,
                               stop=list(gen.stop_strings), stop_token_ids=list(gen.stop_token_ids),
                               ignore_eos=gen.ignore_eos, seed=seed)
+
+    def _weight_transfer(self, engine_url: str, weight_sync_port: int):
+        mode = self.cfg.policy.generation.weight_transfer
+        if mode == "auto":
+            mode = "shared_memory" if is_this_machine(urlparse(engine_url).hostname or "") else "broadcast"
+        if mode == "shared_memory":
+            return SharedMemoryWeights(self.client)
+        # the address the server reaches trainer rank 0 at (its node name under Slurm)
+        return WeightBroadcaster(self.client, os.environ.get("DOCKYARD_WEIGHT_SYNC_ADDR", "127.0.0.1"),
+                                 weight_sync_port)
 
     def _broadcast(self, payload):
         if self.world.world_size == 1:
@@ -186,7 +196,7 @@ class GRPOTrainer:
             # do) halves what crosses the wire for bf16.
             dtype = DTYPES[self.cfg.policy.precision]
             try:
-                self.broadcaster.push((name, tensor.to(dtype)) for name, tensor in weights.items())
+                self.weights_out.push((name, tensor.to(dtype)) for name, tensor in weights.items())
             except (RuntimeError, GenerationServerError):
                 # Slurm stops the servers together with the job (SIGTERM to every step): the stop's safe
                 # point comes next and saves; nothing is generated with these weights any more
@@ -402,6 +412,9 @@ class GRPOTrainer:
         finally:
             if logger:
                 logger.close()
+            close = getattr(getattr(self, "weights_out", None), "close", None)
+            if close is not None:
+                close()
 
     def _run_steps(self, start: int, logger, gpus) -> None:
         cfg = self.cfg

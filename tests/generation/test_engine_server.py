@@ -9,7 +9,8 @@ import torch
 from safetensors.torch import save_file
 
 from dockyard.distributed import free_port
-from dockyard.generation.client import EngineClient, GenerationServerError, WeightBroadcaster
+from dockyard.generation.client import (EngineClient, GenerationServerError, SharedMemoryWeights,
+                                       WeightBroadcaster, is_this_machine)
 from dockyard.generation.engine import SamplingParams
 from dockyard.models import load_causal_lm
 
@@ -96,6 +97,43 @@ def test_update_weights_from_disk_and_by_broadcast(client, tiny_model, tmp_path)
     restored = client.generate([PROMPTS[0]], SamplingParams(max_tokens=3, temperature=0.0))[0]
     expected = forward_logprobs(model, PROMPTS[0], restored.token_ids)
     assert torch.allclose(torch.tensor(restored.logprobs), expected, atol=1e-4)
+
+
+def test_shared_memory_weights_reach_the_engine_and_leave_nothing_behind(client, tiny_model):
+    import os
+    from pathlib import Path
+
+    orphan, alive = Path("/dev/shm/dockyard-weights-999999999-x"), Path(f"/dev/shm/dockyard-weights-{os.getpid()}-y")
+    orphan.mkdir(exist_ok=True)
+    alive.mkdir(exist_ok=True)
+    model = load_causal_lm(tiny_model)
+    changed = {k: v.clone() for k, v in model.state_dict().items()}
+    changed["lm_head.weight"].zero_()
+    sender = SharedMemoryWeights(client)
+    assert str(sender.folder).startswith("/dev/shm/")
+    assert not orphan.exists() and alive.exists()   # a killed trainer's folder goes, a living one's stays
+    alive.rmdir()
+    before = client.weights_version()
+    sender.push(changed.items())
+    assert client.weights_version() == before + 1
+    uniform = client.generate([PROMPTS[0]], SamplingParams(max_tokens=3, temperature=1.0, seed=0))[0]
+    assert all(abs(lp + torch.log(torch.tensor(512.0)).item()) < 1e-4 for lp in uniform.logprobs)
+    # tensors sharing storage (tied weights in fp32) are written once
+    state = model.state_dict()
+    sender.push(list(state.items()) + [("lm_head.weight", state["lm_head.weight"])])
+    restored = client.generate([PROMPTS[0]], SamplingParams(max_tokens=3, temperature=0.0))[0]
+    assert torch.allclose(torch.tensor(restored.logprobs), forward_logprobs(model, PROMPTS[0], restored.token_ids),
+                          atol=1e-4)
+    assert list(sender.folder.iterdir()) == []   # the file is gone once the engine loaded it
+    sender.close()
+    assert not sender.folder.exists()
+
+
+def test_this_machine_is_recognised_by_address():
+    import socket
+
+    assert is_this_machine("127.0.0.1") and is_this_machine("localhost") and is_this_machine(socket.gethostname())
+    assert not is_this_machine("192.0.2.1")   # TEST-NET-1: never a local address
 
 
 def test_bad_weight_updates_are_refused_by_name(client, tmp_path):

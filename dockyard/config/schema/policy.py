@@ -136,6 +136,11 @@ class GenerationConfig(Section):
     stop_token_ids: list[int] = field([], "Token ids that end a generation (besides EOS).")
     ignore_eos: bool = field(False, "Keep generating past the end-of-sequence token "
                              "(for rewards that need a fixed-length completion).")
+    weight_transfer: Literal["auto", "broadcast", "shared_memory"] = field(
+        "auto", "How a refit reaches the generation server: shared_memory writes one safetensors file to "
+        "/dev/shm that the server loads (/update_weights_from_disk); broadcast sends the tensors over a "
+        "torch.distributed group (/update_weights_from_distributed); auto picks shared_memory when the "
+        "server's address is on trainer rank 0's machine.", "shared_memory needs the server on that machine.")
     eval_temperature: Optional[float] = field(None, "Temperature for validation rollouts; null reuses "
                                               "temperature.", ge=0, allow_inf_nan=False)
     allow_multimodal_inputs: bool = field(False, "Forward per-sample images to the engine (VLM/CUA recipes).",
