@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -38,6 +39,16 @@ class Child:
         return f"{self.name} (pid {self.process.pid}){where}"
 
 
+class Terminated(Exception):
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum, self.name = signum, signal.Signals(signum).name
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated(signum)
+
+
 def _stop(children: list[Child]) -> None:
     stop_processes((child.process for child in children), SHUTDOWN_GRACE_S)
 
@@ -59,6 +70,10 @@ def run_local(loaded: LoadedConfig) -> int:
     world_size = topology.trainer_world_size(cfg)
     cores = os.cpu_count() or 1
 
+    # The children run in sessions of their own (a Ctrl-C reaches only this driver); a SIGTERM or
+    # SIGHUP (kill, timeout, a closed terminal) must stop them too instead of leaving them running.
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _raise_terminated)
     engine_port, master_port = free_port(), free_port()
     server = registry.build("generation_backend", cfg.policy.generation.backend, config=cfg)
     engine_log = log_dir / "engine.log"
@@ -95,7 +110,12 @@ def run_local(loaded: LoadedConfig) -> int:
     except KeyboardInterrupt:
         print("dockyard run: interrupted; stopping every process", file=sys.stderr)
         return 130
+    except Terminated as stop:
+        print(f"dockyard run: received {stop.name}; stopping every process", file=sys.stderr)
+        return 128 + stop.signum
     finally:
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_IGN)  # a repeated kill must not cut the stopping short
         _stop(children)
 
 

@@ -89,6 +89,24 @@ def _wait_for_steps(logs: Path, count: int, timeout: float = 120) -> None:
     raise AssertionError(f"no {count} steps in {timeout} s")
 
 
+def test_a_terminated_driver_stops_its_engine_and_ranks(tiny_model, tmp_path):
+    process = start_run(tmp_path, tiny_model, "grpo.max_num_steps=10000", "checkpointing.enabled=false")
+    logs = tmp_path / "runs" / "grpo_tiny" / "logs"
+    try:
+        _wait_for_steps(logs, 1)
+        pids = [child["pid"] for child in json.loads((logs / "processes.json").read_text()).values()]
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 128 + signal.SIGTERM, output[-2000:]
+    assert "received SIGTERM; stopping every process" in output
+    for pid in pids:   # reaped by the driver: no such process any more
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
 @pytest.mark.parametrize("victim,named", [("generation server (embedded engine)", "generation server (embedded engine)"),
                                           ("trainer rank 1", "trainer rank 1")])
 def test_a_dead_component_ends_the_run_naming_it(tiny_model, tmp_path, victim, named):
