@@ -126,12 +126,13 @@ class RolloutCollector:
                     again = self._score(completion, prompts[g], ids[g], retry_params.max_tokens)
                     again.attempts = attempt
                     groups[g].trajectories[k] = again
-        for group in groups:
-            for t in group.trajectories:
-                if t.status == FAILED:
-                    t.raw_reward = 0.0
-                    print(f"dockyard: a trajectory FAILED after {t.attempts} attempt(s) (grpo.retry_limit "
-                          f"{retry_limit}): {t.error}", file=sys.stderr, flush=True)
+        failed = [t for group in groups for t in group.trajectories if t.status == FAILED]
+        for t in failed:
+            t.raw_reward = 0.0
+        if failed:
+            # one line a batch: a scorer that is broken outright must not flood the log
+            print(f"dockyard: {len(failed)} trajectory(ies) FAILED after {retry_limit} attempt(s) "
+                  f"(grpo.retry_limit); first error: {failed[0].error}", file=sys.stderr, flush=True)
         self._transform(groups)
         return groups
 
