@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,9 @@ import torch
 
 from dockyard import registry
 from dockyard.config.schema.data import DatasetConfig
+from dockyard.data.label_checks import ANSWER_CHECKS
 
+_SCAN_FACTOR = 4   # how many generated rows may be looked at per row served
 _SLICE = re.compile(r"^(?P<path>.*)@\[(?P<start>-?\d*):(?P<stop>-?\d*)\]$")
 
 
@@ -61,12 +64,28 @@ def generate_rows(config: DatasetConfig) -> list[dict[str, Any]]:
 
     generator = config.generator
     extra = dict(generator.model_extra or {})
+    check = ANSWER_CHECKS.get(generator.name)
+    # rows with a wrong answer are replaced by later ones, so `size` stays the number of rows served
+    scanned = generator.size * _SCAN_FACTOR if check else generator.size
     try:
-        dataset = reasoning_gym.create_dataset(generator.name, size=generator.size, seed=generator.seed, **extra)
+        dataset = reasoning_gym.create_dataset(generator.name, size=scanned, seed=generator.seed, **extra)
     except Exception as err:
         raise DatasetError(f"data generator {generator.name!r}: {type(err).__name__}: {err}") from None
+    entries, wrong = [], 0
+    for index in range(scanned):
+        entry = dataset[index]
+        if check is not None and not check(entry):
+            wrong += 1
+            continue
+        entries.append(entry)
+        if len(entries) == generator.size:
+            break
+    if wrong:
+        print(f"dockyard: dataset {config.name!r}: skipped {wrong} {generator.name} rows whose answer is not "
+              f"the value of their question (a reasoning-gym bug); {len(entries)} rows kept",
+              file=sys.stderr, flush=True)
     return [{"input": entry["question"], "label": entry["answer"],
-             "metadata": {**entry["metadata"], "reasoning_gym_entry": dict(entry)}} for entry in dataset]
+             "metadata": {**entry["metadata"], "reasoning_gym_entry": dict(entry)}} for entry in entries]
 
 
 @dataclass

@@ -13,7 +13,7 @@ class GeneratorSource(OpenSection):
     """A procedural task source; extra keys are passed to the generator."""
 
     name: str = field(..., "Generator name (reasoning-gym task: basic_arithmetic, chain_sum, gsm_symbolic, ...).")
-    size: PositiveInt = field(1000, "Rows to generate.")
+    size: PositiveInt = field(1000, "Rows to serve (a generated row with a wrong answer is replaced by the next).")
     seed: int = field(0, "Generator seed.")
 
 
