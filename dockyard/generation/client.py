@@ -29,7 +29,11 @@ class EngineClient:
         self.name = name
         self.log_path = log_path
         self.request_timeout_s = request_timeout_s
-        self._http = httpx.Client(timeout=httpx.Timeout(request_timeout_s, connect=10))
+        # A fresh connection per request: uvicorn (ours, vLLM's, SGLang's) closes a connection idle for
+        # 5 s, and a request sent on a pooled one as it closes dies with 'connection reset' (seen
+        # on a refit after a long training phase). A local connect costs well under a millisecond.
+        self._http = httpx.Client(timeout=httpx.Timeout(request_timeout_s, connect=10),
+                                  limits=httpx.Limits(max_keepalive_connections=0))
         self.last_usage: dict = {}
 
     def _where(self) -> str:
