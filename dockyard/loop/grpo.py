@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import os
 import sys
 import time
@@ -247,8 +248,9 @@ class GRPOTrainer:
         finally:
             client.close()
 
-    def validate(self) -> dict[str, float]:
-        """Greedy accuracy on the validation split (engine weights refreshed first)."""
+    def validate(self, step: int) -> dict[str, float]:
+        """Greedy accuracy on the validation split (engine weights refreshed first); every answer is
+        written to <log_dir>/validation/step_<N>.jsonl."""
         self.refit()
         if not self.world.is_main:
             return {}
@@ -265,9 +267,19 @@ class GRPOTrainer:
             self.generating = False
         if self.stopper is not None and self.stopper.requested:
             return {}   # aborted for a stop: partial answers are no accuracy figure
-        rewards = [self.env.score(self.tokenizer.decode(c.token_ids, skip_special_tokens=True),
-                                  self.validation[c.prompt_index]) for c in completions]
+        answers = [self.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in completions]
+        rewards = [self.env.score(text, self.validation[c.prompt_index]) for text, c in zip(answers, completions)]
+        self._write_validation_answers(step, completions, answers, rewards)
         return {"val/accuracy": sum(r >= 1.0 for r in rewards) / len(rewards), "val/reward": sum(rewards) / len(rewards)}
+
+    def _write_validation_answers(self, step: int, completions, answers: list[str], rewards: list[float]) -> None:
+        folder = Path(self.cfg.logger.log_dir) / "validation"
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / f"step_{step}.jsonl", "w", encoding="utf-8") as out:
+            for completion, answer, reward in zip(completions, answers, rewards):
+                prompt = self.validation[completion.prompt_index]
+                out.write(json.dumps({"prompt": prompt.input, "label": prompt.label, "response": answer,
+                                      "reward": reward}, default=str) + "\n")
 
     def train_step(self, step: int) -> dict[str, float]:
         self.timer.seconds = {}
@@ -419,7 +431,7 @@ class GRPOTrainer:
     def _run_steps(self, start: int, logger, gpus) -> None:
         cfg = self.cfg
         if cfg.grpo.val_at_start and start == 0 and cfg.data.validation is not None:
-            val = self.validate()
+            val = self.validate(0)
             if logger:
                 logger.log(0, val, console=False)
         last_metrics: dict[str, float] = {}
@@ -436,7 +448,7 @@ class GRPOTrainer:
                 self._stop(abandoned.code, step - 1, last_metrics)
             if cfg.grpo.val_period and step % cfg.grpo.val_period == 0 and cfg.data.validation is not None:
                 with self.timer("validate"):
-                    metrics.update(self.validate())
+                    metrics.update(self.validate(step))
                 metrics["time/validate"] = self.timer.seconds["validate"]
             last = step == cfg.grpo.max_num_steps
             ckpt = cfg.checkpointing

@@ -61,6 +61,30 @@ def plan_micro_batches(lengths: list[int], micro_size: int, token_budget: int | 
     return batches
 
 
+def plan_shared_prompt_rows(samples: list[Sample], row_budget: int) -> list[list[int]]:
+    """Rows of sample indices that share one prompt, in the samples' order: a row holds its prompt once
+    and as many of the prompt's responses as fit in `row_budget` tokens (a sample longer than the
+    budget still gets a row of its own)."""
+    rows: list[list[int]] = []
+    open_rows: dict[tuple[int, ...], int] = {}     # prompt -> index of its row still being filled
+    used: list[int] = []
+    for index, sample in enumerate(samples):
+        prompt = tuple(sample.token_ids[:sample.prompt_length])
+        row = open_rows.get(prompt)
+        if row is not None and used[row] + sample.response_length <= row_budget:
+            rows[row].append(index)
+            used[row] += sample.response_length
+            continue
+        open_rows[prompt] = len(rows)
+        rows.append([index])
+        used.append(len(sample.token_ids))
+    return rows
+
+
+def _row_length(samples: list[Sample], row: list[int]) -> int:
+    return samples[row[0]].prompt_length + sum(samples[i].response_length for i in row)
+
+
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     inner = getattr(model, "model", model)
     layers = getattr(inner, "layers", None)
@@ -96,6 +120,11 @@ class DTensorPolicy:
         self.model = load_causal_lm(model_path or policy.model_name, dtype=torch.float32).to(device)
         if policy.dtensor_cfg.activation_checkpointing and trainable:
             self.model.gradient_checkpointing_enable()
+        self.share_prompts = policy.dynamic_batching.enabled and policy.dynamic_batching.share_prompts
+        attention = getattr(self.model.config, "_attn_implementation", None)
+        if self.share_prompts and attention not in ("sdpa", "eager"):
+            raise ValueError(f"policy.dynamic_batching.share_prompts needs sdpa or eager attention; "
+                             f"{policy.model_name} uses {attention}")
         mesh = init_device_mesh(device.type, (world.world_size,))
         compute = DTYPES[policy.precision]
         mixed = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32) \
@@ -121,8 +150,14 @@ class DTensorPolicy:
         """Indices per micro-batch; every rank gets the same number (empty ones pad), since each
         forward is a collective under FSDP."""
         budget = self.config.policy.dynamic_batching
-        batches = plan_micro_batches([len(s.token_ids) for s in samples], micro_size,
-                                     budget.max_tokens_per_gpu if budget.enabled else None)
+        if self.share_prompts:
+            rows = plan_shared_prompt_rows(samples, budget.max_tokens_per_gpu)
+            batches = [[index for r in group for index in rows[r]] for group in
+                       plan_micro_batches([_row_length(samples, row) for row in rows], micro_size,
+                                          budget.max_tokens_per_gpu)]
+        else:
+            batches = plan_micro_batches([len(s.token_ids) for s in samples], micro_size,
+                                         budget.max_tokens_per_gpu if budget.enabled else None)
         count = torch.tensor([len(batches)], dtype=torch.long)
         if self.world.world_size > 1:
             dist.all_reduce(count, op=dist.ReduceOp.MAX)
@@ -134,6 +169,8 @@ class DTensorPolicy:
         Left padding lines up every sequence's end, so only the last R + 1 positions need logits
         (R = longest response): the LM head, a large share of a small model's compute, skips the
         prompts."""
+        if self.share_prompts and len(samples) > 1:
+            return self._forward_shared_prompts(samples, with_entropy)
         width = max(len(s.token_ids) for s in samples)
         responses = max(1, max(s.response_length for s in samples))
         ids = torch.zeros((len(samples), width), dtype=torch.long)
@@ -148,6 +185,63 @@ class DTensorPolicy:
         log_softmax = torch.log_softmax(logits / self.temperature, dim=-1)
         logprobs = log_softmax.gather(-1, ids[:, -responses:, None])[..., 0]
         entropy = -(log_softmax.exp() * log_softmax).sum(-1) if with_entropy else None
+        return logprobs, entropy
+
+    def _forward_shared_prompts(self, samples: list[Sample], with_entropy: bool):
+        """As _forward_logprobs, with each prompt computed once per row (plan_shared_prompt_rows).
+
+        A row is [prompt | response 1 | response 2 | ... | padding]. Each response attends to the
+        prompt and to its own earlier tokens and takes the positions it had after the prompt, so
+        every logprob is the one a row of its own gives (up to floating-point summation order)."""
+        budget = self.config.policy.dynamic_batching.max_tokens_per_gpu
+        rows = plan_shared_prompt_rows(samples, budget)
+        width = max(_row_length(samples, row) for row in rows)
+        ids = torch.zeros((len(rows), width), dtype=torch.long)
+        positions = torch.zeros((len(rows), width), dtype=torch.long)
+        allowed = torch.zeros((len(rows), 1, width, width), dtype=torch.bool)
+        source_row, source_pos, token, out_row, out_col = [], [], [], [], []
+        responses = max(1, max(s.response_length for s in samples))
+        for r, row in enumerate(rows):
+            prompt_length = samples[row[0]].prompt_length
+            ids[r, :prompt_length] = torch.tensor(samples[row[0]].token_ids[:prompt_length])
+            positions[r, :prompt_length] = torch.arange(prompt_length)
+            allowed[r, 0, :prompt_length, :prompt_length] = torch.ones(prompt_length, prompt_length,
+                                                                       dtype=torch.bool).tril()
+            start = prompt_length
+            for index in row:
+                sample = samples[index]
+                n = sample.response_length
+                end = start + n
+                ids[r, start:end] = torch.tensor(sample.token_ids[prompt_length:])
+                positions[r, start:end] = torch.arange(prompt_length, prompt_length + n)
+                allowed[r, 0, start:end, :prompt_length] = True
+                allowed[r, 0, start:end, start:end] = torch.ones(n, n, dtype=torch.bool).tril()
+                # response token j is predicted at the position before it: the prompt's last, then its own
+                source_row += [r] * n
+                source_pos += [prompt_length - 1] + list(range(start, end - 1))
+                token += sample.token_ids[prompt_length:]
+                out_row += [index] * n
+                out_col += list(range(responses - n, responses))
+                start = end
+            allowed[r, 0, torch.arange(start, width), torch.arange(start, width)] = True   # padding sees itself
+        first = min(samples[row[0]].prompt_length for row in rows) - 1
+        mask = allowed
+        if self.model.config._attn_implementation == "eager":
+            mask = torch.zeros(allowed.shape, dtype=DTYPES[self.config.policy.precision]).masked_fill(
+                ~allowed, torch.finfo(DTYPES[self.config.policy.precision]).min)
+        logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                            position_ids=positions.to(self.device), use_cache=False,
+                            logits_to_keep=width - first).logits
+        picked = logits[torch.tensor(source_row), torch.tensor(source_pos) - first].float()
+        log_softmax = torch.log_softmax(picked / self.temperature, dim=-1)
+        token_index = torch.tensor(token, device=log_softmax.device)
+        flat = log_softmax.gather(-1, token_index[:, None])[:, 0]
+        where = (torch.tensor(out_row), torch.tensor(out_col))
+        logprobs = torch.zeros((len(samples), responses), device=flat.device).index_put(where, flat)
+        entropy = None
+        if with_entropy:
+            flat_entropy = -(log_softmax.exp() * log_softmax).sum(-1)
+            entropy = torch.zeros((len(samples), responses), device=flat.device).index_put(where, flat_entropy)
         return logprobs, entropy
 
     def _dummy(self) -> list[Sample]:

@@ -30,6 +30,12 @@ CASES = [
     ("micro_batches_fill_a_step", "grpo_tiny", ["policy.train_micro_batch_size=3"],
      "policy.train_micro_batch_size: policy.train_global_batch_size (16) must be divisible by dp_size x "
      "train_micro_batch_size (2 x 3 = 6)"),
+    ("shared_prompt_rows", "grpo_tiny", ["policy.dynamic_batching.share_prompts=true"],
+     "policy.dynamic_batching.share_prompts: shared-prompt rows are sized by the token budget: set "
+     "policy.dynamic_batching.enabled=true"),
+    ("shared_prompt_rows", "grpo_swe", ["policy.dynamic_batching.share_prompts=true", "policy.backend=megatron",
+                                        "policy.megatron_cfg={bf16: true}"],
+     "policy.dynamic_batching.share_prompts: shared-prompt rows are built by the dtensor backend, not megatron"),
     ("megatron_parallelism", "grpo_swe", ["policy.backend=megatron"],
      "policy.megatron_cfg: policy.backend is megatron, so policy.megatron_cfg must be set"),
     ("megatron_parallelism", "grpo_swe", ["policy.backend=megatron", "policy.megatron_cfg={bf16: true, expert_model_parallel_size: 3}"],

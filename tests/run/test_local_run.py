@@ -148,3 +148,26 @@ def test_grpo_tiny_runs_with_the_identical_reward_filter(tiny_model, tmp_path):
     assert all(0.0 <= row["train/kept_fraction"] <= 1.0 for row in rows)
     assert all(row["sampling/dropped_identical_reward"] == 4 - row["sampling/groups_kept"] for row in rows)
     assert all(row["train/kept_fraction"] == row["sampling/groups_kept"] / 4 for row in rows)
+
+
+def test_validation_accuracy_and_every_answer_are_logged(tiny_model, tmp_path):
+    from dockyard.config.schema.data import DatasetConfig
+    from dockyard.data.datasets import load_prompts
+
+    generator = {"name": "basic_arithmetic", "size": 12, "seed": 99, "min_terms": 2, "max_terms": 2,
+                 "min_digits": 1, "max_digits": 1}
+    held_out = "{name: held_out, shuffle: false, generator: {" + ", ".join(f"{k}: {v}" for k, v in generator.items()) + "}}"
+    result = run(tmp_path, tiny_model, "grpo.max_num_steps=2", "checkpointing.enabled=false", "grpo.val_at_start=true",
+                 "grpo.val_period=2", f"data.validation={held_out}")
+    assert result.returncode == 0, result.stdout
+    logs = tmp_path / "runs" / "grpo_tiny" / "logs"
+    metrics = {line["step"]: line for line in map(json.loads, (logs / "metrics.jsonl").read_text().splitlines())}
+    assert sorted(metrics) == [0, 1, 2] and "val/accuracy" not in metrics[1]
+    expected = [(p.input, p.label) for p in load_prompts(DatasetConfig(generator=generator))]
+    for step in (0, 2):
+        answers = [json.loads(line) for line in (logs / "validation" / f"step_{step}.jsonl").read_text().splitlines()]
+        assert [(a["prompt"], a["label"]) for a in answers] == expected
+        assert all(isinstance(a["response"], str) for a in answers)
+        assert metrics[step]["val/accuracy"] == sum(a["reward"] >= 1 for a in answers) / 12
+        assert metrics[step]["val/reward"] == pytest.approx(sum(a["reward"] for a in answers) / 12)
+    assert not (logs / "validation" / "step_1.jsonl").exists()

@@ -16,6 +16,11 @@ class DynamicBatching(Section):
                           "When true, policy.train_micro_batch_size is ignored for training.")
     max_tokens_per_gpu: PositiveInt = field(16384, "Per-rank token budget of one packed micro-batch.",
                                             "Must be >= policy.max_total_sequence_length.")
+    share_prompts: bool = field(
+        False, "Train each prompt once per group: a row holds the prompt and all its sampled responses, "
+        "each response attending to the prompt and itself (block mask, per-response positions).",
+        "Needs enabled: true and the dtensor backend with sdpa or eager attention. Same logprobs as "
+        "separate rows; worth it when prompts are long next to responses.")
 
 
 class DTensorConfig(Section):
