@@ -191,13 +191,12 @@ class GRPOTrainer:
         """Push the current weights to the engine (every rank takes part in gathering them)."""
         if self.engine_is_current:
             return
-        weights = self.policy.full_state_dict()
+        # The engine serves in policy.precision; casting here (the same rounding the engine would
+        # do) halves what crosses the wire for bf16.
+        weights = self.policy.serving_weights(DTYPES[self.cfg.policy.precision])
         if self.world.is_main:
-            # The engine serves in policy.precision; casting here (the same rounding the engine would
-            # do) halves what crosses the wire for bf16.
-            dtype = DTYPES[self.cfg.policy.precision]
             try:
-                self.weights_out.push((name, tensor.to(dtype)) for name, tensor in weights.items())
+                self.weights_out.push(weights.items())
             except (RuntimeError, GenerationServerError):
                 # Slurm stops the servers together with the job (SIGTERM to every step): the stop's safe
                 # point comes next and saves; nothing is generated with these weights any more

@@ -120,6 +120,9 @@ class DTensorPolicy:
         self.model = load_causal_lm(model_path or policy.model_name, dtype=torch.float32).to(device)
         if policy.dtensor_cfg.activation_checkpointing and trainable:
             self.model.gradient_checkpointing_enable()
+        # names of the state dict that alias another entry (lm_head.weight of a tied embedding)
+        self.alias_names = set(self.model.state_dict()) - {n for n, _ in self.model.named_parameters()} \
+            - {n for n, _ in self.model.named_buffers()}
         self.share_prompts = policy.dynamic_batching.enabled and policy.dynamic_batching.share_prompts
         attention = getattr(self.model.config, "_attn_implementation", None)
         if self.share_prompts and attention not in ("sdpa", "eager"):
@@ -331,6 +334,19 @@ class DTensorPolicy:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Full (unsharded) weights on CPU, on rank 0; every rank must call it (a collective)."""
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def serving_weights(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """What a generation server needs: full weights in `dtype`, tied aliases left out (the server
+        ties them itself), on rank 0; every rank must call it. One rank holds every weight whole, so
+        there is nothing to gather and the cast is the only copy."""
+        if self.world.world_size == 1:
+            self.model.reshard()
+            local = {name: (t.to_local() if hasattr(t, "to_local") else t) for name, t in self.model.state_dict().items()}
+        else:
+            local = self.full_state_dict()
+        if not self.world.is_main:
+            return {}
+        return {name: tensor.detach().to(dtype) for name, tensor in local.items() if name not in self.alias_names}
 
     def copy_weights_from(self, other: "DTensorPolicy") -> None:
         """Moving reference: same sharding on both sides, so a local copy of each shard suffices."""

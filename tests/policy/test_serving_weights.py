@@ -1,0 +1,57 @@
+"""The weights a refit sends: full, in the serving dtype, without the alias of a tied embedding."""
+
+import shutil
+
+import pytest
+import torch
+
+from dockyard import registry
+from dockyard.config import load_config
+from dockyard.generation.engine import Engine
+from dockyard.policy.dtensor import Sample
+
+
+@pytest.fixture
+def tied_model(tiny_model, tmp_path):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(tiny_model)
+    config.tie_word_embeddings = True
+    torch.manual_seed(1)
+    out = tmp_path / "tied-llama"
+    AutoModelForCausalLM.from_config(config).save_pretrained(out)
+    for file in tiny_model.iterdir():
+        if "token" in file.name or file.name == "chat_template.jinja":
+            shutil.copy(file, out / file.name)
+    return out
+
+
+def test_serving_weights_leave_out_the_tied_alias_and_the_engine_ties_it(single_rank_world, tied_model):
+    cfg = load_config("grpo_tiny.yaml", [f"policy.model_name={tied_model}"]).config
+    policy = registry.build("policy_backend", "dtensor", config=cfg, world=single_rank_world,
+                            device=torch.device("cpu"), total_optimizer_steps=2)
+    loss = registry.build("loss", cfg.loss_fn.name, config=cfg.loss_fn)
+    samples = [Sample(token_ids=[1, 2, 3, 4, 5], prompt_length=2, advantage=a) for a in (1.0, -1.0)]
+    policy.train_mini_batch(samples, None, None, loss)
+
+    full = policy.full_state_dict()
+    sent = policy.serving_weights(torch.bfloat16)
+    assert policy.alias_names == {"lm_head.weight"}
+    assert set(sent) == set(full) - {"lm_head.weight"}
+    for name, tensor in sent.items():
+        assert tensor.dtype == torch.bfloat16 and torch.equal(tensor, full[name].to(torch.bfloat16)), name
+
+    engine = Engine(tied_model, dtype=torch.bfloat16)
+    assert not torch.equal(engine.model.lm_head.weight, sent["model.embed_tokens.weight"])
+    engine.load_weights(sent)
+    assert torch.equal(engine.model.lm_head.weight, sent["model.embed_tokens.weight"])
+    assert all(torch.equal(t, sent[n]) for n, t in engine.model.state_dict().items() if n in sent)
+
+
+def test_untied_models_send_every_weight(single_rank_world, tiny_model):
+    cfg = load_config("grpo_tiny.yaml", [f"models_dir={tiny_model.parent}"]).config
+    policy = registry.build("policy_backend", "dtensor", config=cfg, world=single_rank_world,
+                            device=torch.device("cpu"), total_optimizer_steps=2)
+    full = policy.full_state_dict()
+    sent = policy.serving_weights(torch.float32)
+    assert set(sent) == set(full) and all(torch.equal(sent[n], full[n]) for n in full)
