@@ -1,6 +1,6 @@
 """Learning run: SmolLM2-135M greedy accuracy on held-out one-digit arithmetic, before and after GRPO.
 
-    python bench/learning_run.py [--steps 40] [--val-every 10] [overrides...]
+    python bench/learning_run.py [--steps 100] [--val-every 10] [overrides...]
 
 Runs configs/grpo_math_smol.yaml (validation at start and every --val-every steps on the 200
 held-out prompts) and prints accuracy against cumulative training time (validation and checkpoint
@@ -19,7 +19,7 @@ from _run import run_dockyard
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--val-every", type=int, default=10)
     parser.add_argument("--keep", help="run in this folder and keep it (default: a temporary folder)")
     parser.add_argument("overrides", nargs="*")

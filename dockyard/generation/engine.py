@@ -125,11 +125,18 @@ class Engine:
         return tokens, logprobs.gather(-1, tokens[:, None])[:, 0]
 
     def _generate_batch(self, jobs, params: SamplingParams, generator: torch.Generator) -> list[Completion]:
+        """Decode every job of the batch. A prompt is prefilled once however many samples it has (the
+        KV cache is then copied per sample), and finished rows leave the batch once they are a
+        quarter of it, so a few long answers do not keep the whole batch decoding."""
         batch = len(jobs)
-        width = max(len(p) for _, p in jobs)
-        input_ids = torch.full((batch, width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((batch, width), dtype=torch.long)
-        for row, (_, prompt) in enumerate(jobs):  # left padding keeps every row's last token aligned
+        prompt_rows: dict[tuple[int, ...], int] = {}
+        for _, prompt in jobs:
+            prompt_rows.setdefault(tuple(prompt), len(prompt_rows))
+        prompts = list(prompt_rows)
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):  # left padding keeps every row's last token aligned
             input_ids[row, width - len(prompt):] = torch.tensor(prompt)
             mask[row, width - len(prompt):] = 1
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
@@ -137,10 +144,15 @@ class Engine:
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True)
         cache, logits = out.past_key_values, out.logits[:, -1]
         next_position = positions[:, -1] + 1
+        if len(prompts) < batch:
+            per_job = torch.tensor([prompt_rows[tuple(prompt)] for _, prompt in jobs], device=self.device)
+            cache.reorder_cache(per_job)
+            logits, mask, next_position = logits[per_job], mask[per_job], next_position[per_job]
 
         tokens: list[list[int]] = [[] for _ in range(batch)]
         logprobs: list[list[float]] = [[] for _ in range(batch)]
         reasons: list[str | None] = [None] * batch
+        rows = list(range(batch))     # the job of each row still in the batch
         stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_token_ids)
         for _ in range(params.max_tokens):
             self._running.wait()
@@ -148,19 +160,25 @@ class Engine:
                 reasons = [r or "abort" for r in reasons]
                 break
             chosen, chosen_logprobs = self._sample(logits, params, generator)
-            for row in range(batch):
-                if reasons[row] is not None:
+            for position, job in enumerate(rows):
+                if reasons[job] is not None:
                     continue
-                token = int(chosen[row])
-                tokens[row].append(token)
-                logprobs[row].append(float(chosen_logprobs[row]))
-                if token in stop_ids or (params.stop and self._hits_stop_string(tokens[row], params.stop)):
-                    reasons[row] = "stop"
-            if all(r is not None for r in reasons):
+                token = int(chosen[position])
+                tokens[job].append(token)
+                logprobs[job].append(float(chosen_logprobs[position]))
+                if token in stop_ids or (params.stop and self._hits_stop_string(tokens[job], params.stop)):
+                    reasons[job] = "stop"
+            running = [position for position, job in enumerate(rows) if reasons[job] is None]
+            if not running:
                 break
-            feed = torch.tensor([t[-1] if reasons[r] is None else self.pad_token_id for r, t in enumerate(tokens)],
+            if len(rows) - len(running) >= max(1, len(rows) // 4):
+                keep = torch.tensor(running, device=self.device)
+                cache.reorder_cache(keep)
+                mask, next_position = mask[keep], next_position[keep]
+                rows = [rows[position] for position in running]
+            feed = torch.tensor([tokens[job][-1] if reasons[job] is None else self.pad_token_id for job in rows],
                                 device=self.device)
-            mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=self.device)], dim=1)
+            mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=mask.dtype, device=self.device)], dim=1)
             out = self.model(input_ids=feed[:, None], attention_mask=mask, position_ids=next_position[:, None],
                              past_key_values=cache, use_cache=True)
             cache, logits = out.past_key_values, out.logits[:, -1]
