@@ -162,14 +162,8 @@ class SharedMemoryWeights:
     def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         from safetensors.torch import save_file
 
-        tensors, storages = {}, set()
-        for name, tensor in named_tensors:
-            # tied weights (lm_head = embedding) share storage; safetensors stores one, the engine ties
-            key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
-            if key in storages:
-                continue
-            storages.add(key)
-            tensors[name] = tensor.detach().contiguous()
+        # tied aliases are already left out (DTensorPolicy.serving_weights); the engine ties them
+        tensors = {name: tensor.detach().contiguous() for name, tensor in named_tensors}
         partial = self.folder / (self.FILE + ".tmp")
         try:
             save_file(tensors, str(partial))

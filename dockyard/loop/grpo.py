@@ -41,7 +41,7 @@ from dockyard.loop.rollouts import RolloutCollector
 from dockyard.loop.safeguarding import apply_safeguards, enabled_safeguards
 from dockyard.loop.stopping import RunStopped
 from dockyard.models import DTYPES, ModelNotFoundError, load_tokenizer
-from dockyard.policy.dtensor import Sample, TrainingInterrupted
+from dockyard.policy.dtensor import PolicySetupError, Sample, TrainingInterrupted
 
 
 class PhaseTimer:
@@ -500,7 +500,7 @@ def main(stopper: "stopping.StopRequests | None" = None) -> int:
     except DatasetError as err:
         print(f"dockyard: data error: {err}", file=sys.stderr, flush=True)
         return 2
-    except ReferenceModelError as err:
+    except (ReferenceModelError, PolicySetupError) as err:
         print(f"dockyard: {err}", file=sys.stderr, flush=True)
         return 2
     finally:

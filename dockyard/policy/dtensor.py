@@ -105,6 +105,10 @@ def lr_factor(step: int, warmup: int, total: int, shape: str, min_ratio: float) 
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+class PolicySetupError(ValueError):
+    """The configured policy cannot be built as asked (named, before anything trains)."""
+
+
 class TrainingInterrupted(Exception):
     """A mini-batch ended before its optimizer step (a stop was agreed); nothing was changed."""
 
@@ -126,8 +130,8 @@ class DTensorPolicy:
         self.share_prompts = policy.dynamic_batching.enabled and policy.dynamic_batching.share_prompts
         attention = getattr(self.model.config, "_attn_implementation", None)
         if self.share_prompts and attention not in ("sdpa", "eager"):
-            raise ValueError(f"policy.dynamic_batching.share_prompts needs sdpa or eager attention; "
-                             f"{policy.model_name} uses {attention}")
+            raise PolicySetupError(f"policy.dynamic_batching.share_prompts needs sdpa or eager attention "
+                                   f"(a 4-D mask); {model_path or policy.model_name} loads with {attention}")
         mesh = init_device_mesh(device.type, (world.world_size,))
         compute = DTYPES[policy.precision]
         mixed = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32) \

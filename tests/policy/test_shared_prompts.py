@@ -64,3 +64,14 @@ def test_shared_prompt_rows_match_one_row_per_sample(single_rank_world, tiny_mod
     assert any(not torch.equal(before[k], after_plain[k]) for k in before)
     for key in after_plain:
         torch.testing.assert_close(after_shared[key], after_plain[key], atol=1e-6, rtol=1e-5)
+
+
+def test_an_attention_without_4d_masks_is_refused_by_name(single_rank_world, tiny_model, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    from dockyard.policy import dtensor
+
+    monkeypatch.setattr(dtensor, "load_causal_lm", lambda path, dtype: AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype, attn_implementation="flex_attention"))
+    with pytest.raises(dtensor.PolicySetupError, match="share_prompts needs sdpa or eager attention .*flex_attention"):
+        build(single_rank_world, tiny_model, "policy.dynamic_batching.share_prompts=true")
