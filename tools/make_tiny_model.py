@@ -48,14 +48,15 @@ def build_tokenizer(seed: int, vocab_size: int):
     return fast
 
 
-def build_model(arch: str, vocab_size: int, seed: int, tokenizer):
+def build_model(arch: str, vocab_size: int, seed: int, tokenizer, tied: bool = False):
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
-    common = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    # head_dim 32: the smallest head size vLLM's CPU attention kernels accept (16 is refused)
+    common = dict(vocab_size=vocab_size, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                   pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                  tie_word_embeddings=False)
+                  tie_word_embeddings=tied)
     config = LlamaConfig(**common) if arch == "llama" else Qwen2Config(**common)
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -67,6 +68,8 @@ def main(argv=None) -> None:
     parser.add_argument("--arch", choices=["llama", "qwen2"], default="llama")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vocab-size", type=int, default=512)
+    parser.add_argument("--tied", action="store_true", help="tie lm_head to the input embedding (as SmolLM2 "
+                        "does): the layout whose refit needs vLLM's lm_head refreshed")
     args = parser.parse_args(argv)
     out = Path(args.out)
     if (out / "config.json").is_file():
@@ -75,7 +78,7 @@ def main(argv=None) -> None:
     from dockyard.models import save_model_folder
 
     tokenizer = build_tokenizer(args.seed, args.vocab_size)
-    model = build_model(args.arch, len(tokenizer), args.seed, tokenizer)
+    model = build_model(args.arch, len(tokenizer), args.seed, tokenizer, args.tied)
     save_model_folder(model, tokenizer, out)
     print(f"wrote {out} ({sum(p.numel() for p in model.parameters())} parameters, vocab {len(tokenizer)})")
 

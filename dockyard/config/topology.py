@@ -83,10 +83,11 @@ def server_tasks_per_node(cfg: MasterConfig, group_name: str) -> int:
 
 
 def rollout_replicas(cfg: MasterConfig) -> int:
-    """Generation servers in the run; colocated on CPU that is one, next to trainer rank 0."""
+    """Generation servers in the run; colocated on CPU that is one next to trainer rank 0, or
+    cluster.rollout.tasks_per_node of them."""
     rollout = cfg.cluster.rollout
     if cfg.cluster.colocate and rollout.num_nodes == 0:
         if cfg.cluster.gpus_per_node == 0:
-            return 1
+            return rollout.tasks_per_node or 1
         return trainer_nodes(cfg) * server_tasks_per_node(cfg, "rollout")
     return rollout.num_nodes * server_tasks_per_node(cfg, "rollout")

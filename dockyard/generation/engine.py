@@ -105,6 +105,18 @@ class Engine:
             results += self._generate_batch(jobs[start:start + self.max_batch_size], params, generator)
         return results
 
+    @torch.inference_mode()
+    def score(self, sequences: list[list[int]]) -> list[list[float]]:
+        """Prefill only: [logprob of seq[t] given seq[:t] for t >= 1] per sequence (raw: temperature 1)."""
+        if any(len(s) < 2 for s in sequences):
+            raise ValueError("every scored sequence needs at least two tokens")
+        out = []
+        for sequence in sequences:
+            ids = torch.tensor([sequence], device=self.device)
+            logits = self.model(input_ids=ids).logits[0, :-1].float()
+            out.append(torch.log_softmax(logits, dim=-1).gather(-1, ids[0, 1:, None])[:, 0].tolist())
+        return out
+
     def _sample(self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator):
         logits = logits.float()
         if params.temperature <= 0:

@@ -1,11 +1,14 @@
-"""How a generation backend's server process is started (locally here; the Slurm launcher wraps
-the same command in `srun --het-group=1`)."""
+"""How the embedded engine's server process is started (locally here; the Slurm launcher wraps the
+same command in `srun --het-group=1`). Each generation backend's launcher gives the command, the
+environment and the Generator client of one replica: `command()`, `environment()`, `client()`."""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from dockyard.config.schema import MasterConfig
+from dockyard.generation.client import EngineClient
 
 
 class EmbeddedServer:
@@ -24,3 +27,10 @@ class EmbeddedServer:
                 "--host", host, "--port", str(port), "--device", device, "--dtype", dtype,
                 "--max-batch-size", str(gen.embedded_cfg.max_batch_size), "--threads", str(threads)] + (
                     ["--address-file", address_file] if address_file else [])
+
+    def environment(self, cpus: str | None = None) -> dict[str, str]:
+        return {}   # the engine's threads follow --threads
+
+    def client(self, url: str, name: str, log_path: str | Path | None = None,
+               request_timeout_s: float = 3600) -> EngineClient:
+        return EngineClient(url, name=name, log_path=log_path, request_timeout_s=request_timeout_s)

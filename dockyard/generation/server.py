@@ -45,6 +45,27 @@ class CompletionRequest(BaseModel):
     ignore_eos: bool = False
     seed: int | None = None
     logprobs: int | None = None
+    prompt_logprobs: int | None = Field(None, ge=0, description="vLLM's: logprobs of the prompt tokens")
+
+
+class SglangSamplingParams(BaseModel):
+    max_new_tokens: int = Field(128, ge=0)
+    temperature: float = Field(1.0, ge=0, allow_inf_nan=False)
+    top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
+    top_k: int = -1
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    sampling_seed: int | None = None
+
+
+class SglangGenerateRequest(BaseModel):
+    """SGLang's native /generate (the fields dockyard uses; others are accepted and ignored here)."""
+    input_ids: list[list[int]] | list[int]
+    sampling_params: SglangSamplingParams = Field(default_factory=SglangSamplingParams)
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    stream: bool = False
 
 
 class DiskUpdate(BaseModel):
@@ -102,6 +123,7 @@ def build_app(engine: Engine, model_name: str) -> FastAPI:
         with lock:
             try:
                 completions = engine.generate(prompts, params)
+                scored = engine.score(prompts) if request.prompt_logprobs is not None else None
             except ValueError as err:
                 raise HTTPException(status_code=400, detail=str(err)) from None
         elapsed = time.perf_counter() - started
@@ -111,11 +133,47 @@ def build_app(engine: Engine, model_name: str) -> FastAPI:
             "model": model_name, "weights_version": engine.weights_version,
             "choices": [{"index": i, "prompt_index": c.prompt_index, "token_ids": c.token_ids,
                          "text": engine.tokenizer.decode(c.token_ids, skip_special_tokens=True),
-                         "logprobs": {"token_logprobs": c.logprobs}, "finish_reason": c.finish_reason}
+                         "logprobs": {"token_logprobs": c.logprobs}, "finish_reason": c.finish_reason,
+                         "prompt_logprobs": None if scored is None else _vllm_prompt_logprobs(
+                             prompts[c.prompt_index], scored[c.prompt_index])}
                         for i, c in enumerate(completions)],
             "usage": {"prompt_tokens": sum(len(p) for p in prompts) * request.n, "completion_tokens": generated,
                       "generation_seconds": elapsed},
         }
+
+    @app.post("/generate")
+    def generate(request: SglangGenerateRequest) -> list[dict] | dict:
+        single = not (request.input_ids and isinstance(request.input_ids[0], list))
+        prompts = [request.input_ids] if single else request.input_ids
+        sp = request.sampling_params
+        if request.stream:
+            raise HTTPException(status_code=400, detail="stream is not supported by the embedded engine")
+        stops = [sp.stop] if isinstance(sp.stop, str) else list(sp.stop or [])
+        params = SamplingParams(n=1, max_tokens=max(1, sp.max_new_tokens), temperature=sp.temperature,
+                                top_p=sp.top_p, top_k=sp.top_k if sp.top_k > 0 else None, stop=stops,
+                                stop_token_ids=list(sp.stop_token_ids or []), ignore_eos=sp.ignore_eos,
+                                seed=sp.sampling_seed)
+        with lock:
+            try:
+                completions = engine.generate(prompts, params) if sp.max_new_tokens > 0 else []
+                scored = engine.score(prompts) if request.return_logprob and request.logprob_start_len >= 0 else None
+            except ValueError as err:
+                raise HTTPException(status_code=400, detail=str(err)) from None
+        answers = []
+        for index, prompt in enumerate(prompts):
+            c = completions[index] if completions else None
+            meta = {"id": f"gen-{time.time_ns()}-{index}", "prompt_tokens": len(prompt),
+                    "completion_tokens": len(c.token_ids) if c else 0,
+                    "finish_reason": {"type": c.finish_reason if c else "length"}, "weights_version": engine.weights_version}
+            if request.return_logprob:
+                meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(c.logprobs, c.token_ids)] if c else []
+                if scored is not None:
+                    start = request.logprob_start_len
+                    meta["input_token_logprobs"] = [[None if t == 0 else scored[index][t - 1], prompt[t], None]
+                                                    for t in range(start, len(prompt))]
+            answers.append({"text": engine.tokenizer.decode(c.token_ids, skip_special_tokens=True) if c else "",
+                            "output_ids": c.token_ids if c else [], "meta_info": meta})
+        return answers[0] if single else answers
 
     @app.post("/update_weights_from_disk")
     def update_from_disk(request: DiskUpdate) -> dict:
@@ -172,6 +230,12 @@ def build_app(engine: Engine, model_name: str) -> FastAPI:
         return {"success": True}
 
     return app
+
+
+def _vllm_prompt_logprobs(prompt: list[int], scored: list[float]) -> list[dict | None]:
+    """vLLM's prompt_logprobs layout: None for the first token, then {"<id>": {"logprob": x}}."""
+    return [None] + [{str(token): {"logprob": lp, "rank": None, "decoded_token": None}}
+                     for token, lp in zip(prompt[1:], scored)]
 
 
 def main(argv=None) -> None:

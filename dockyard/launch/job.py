@@ -9,6 +9,7 @@ ends the job with a message naming it.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -26,8 +27,8 @@ from dockyard.launch.plan import JobPlan
 from dockyard.launch.preemption import allocation_end_time, requeue
 from dockyard.loop.stopping import RunStopped, StopRequests
 from dockyard.launch.rendezvous import trainer_store
-from dockyard.launch.servers import (ServerFailed, ServerWatch, dead_server, start_servers, stop_servers,
-                                    wait_ready)
+from dockyard.launch.servers import (ServerFailed, ServerWatch, dead_server, replica_clients, start_servers,
+                                    stop_servers, wait_ready)
 
 
 class JobFailed(RuntimeError):
@@ -94,9 +95,9 @@ def run_trainer_task(config_path: Path, plan: JobPlan, folder: Path) -> dict:
             wait_ready(steps, cfg.cluster.slurm.server_health_timeout_s)
             for step in steps:
                 print(f"dockyard: {step.name} ready at {step.url}", file=sys.stderr, flush=True)
-            os.environ.update(DOCKYARD_ENGINE_URL=steps[0].url, DOCKYARD_ENGINE_LOG=str(steps[0].log),
-                              DOCKYARD_ENGINE_NAME=f"{steps[0].name} on node {steps[0].node}")
-            watch = ServerWatch(steps, stopper=stopper).start()
+            os.environ["DOCKYARD_REPLICAS"] = json.dumps([
+                {"name": f"{step.name} on node {step.node}", "url": step.url, "log": str(step.log)} for step in steps])
+            watch = ServerWatch(steps, stopper=stopper, clients=replica_clients(cfg, steps)).start()
         store = trainer_store(folder / f"rendezvous_{alloc.incarnation}.json", alloc.rank, alloc.world_size,
                               alloc.node, timeout_s=cfg.cluster.slurm.server_health_timeout_s + 120)
         from datetime import timedelta

@@ -99,7 +99,8 @@ def plan_job(cfg: MasterConfig) -> JobPlan:
         tasks = topology.server_tasks_per_node(cfg, role)
         if group.num_nodes == 0 and cluster.colocate:
             nodes = 1 if cluster.gpus_per_node == 0 else trainer.nodes
-            servers.append(ServerGroup(role, 0, nodes, 1 if cluster.gpus_per_node == 0 else tasks, overlap=True))
+            on_cpu = 1 if group.tasks_per_node is None else group.tasks_per_node
+            servers.append(ServerGroup(role, 0, nodes, on_cpu if cluster.gpus_per_node == 0 else tasks, overlap=True))
             continue
         gpus = cluster.gpus_per_node if group.gpus_per_node is None else group.gpus_per_node
         component = Component(role, len(components), group.num_nodes, tasks, gpus, _server_runs(cfg, role))

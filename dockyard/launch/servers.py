@@ -22,7 +22,8 @@ from pathlib import Path
 
 from dockyard import registry
 from dockyard.config.schema import MasterConfig
-from dockyard.generation.client import EngineClient, GenerationServerError
+from dockyard.generation.generator import ServerClient
+from dockyard.generation.generator import GenerationServerError
 from dockyard.launch.allocation import Allocation
 from dockyard.launch.plan import JobPlan, ServerGroup
 from dockyard.processes import log_tail, stop_processes
@@ -92,7 +93,6 @@ def start_servers(cfg: MasterConfig, plan: JobPlan, alloc: Allocation, folder: P
     gpus = cfg.cluster.rollout_gpus_per_replica if cfg.cluster.gpus_per_node > 0 else 0
     cpus = os.cpu_count() or 1
     threads = max(1, cpus // group.tasks_per_node) if not group.overlap else max(1, cpus // 2)
-    extra = dict(getattr(cfg.cluster, role).env)
     steps = []
     for node in nodes:
         for slot in range(group.tasks_per_node):
@@ -100,6 +100,11 @@ def start_servers(cfg: MasterConfig, plan: JobPlan, alloc: Allocation, folder: P
             stem = f"{alloc.incarnation}_{role}{index}"
             log, address_file = folder / f"{stem}_{node}.log", folder / f"{stem}.address.json"
             address_file.unlink(missing_ok=True)
+            # servers sharing a node are bound to cores of their own (slot k of tasks_per_node)
+            first = slot * cpus // group.tasks_per_node
+            last = max(first, (slot + 1) * cpus // group.tasks_per_node - 1)
+            bind = None if group.tasks_per_node == 1 else (str(first) if first == last else f"{first}-{last}")
+            extra = {**server.environment(bind), **getattr(cfg.cluster, role).env}
             serve = server.command(port=0, host="0.0.0.0", threads=threads, address_file=str(address_file))
             # USR2 (the trainer's warning signal; Slurm sends it to every step, possibly while the server
             # is still importing) must not kill a server: ignored from before exec, which it inherits
@@ -127,13 +132,19 @@ def wait_ready(steps: list[ServerStep], timeout_s: float) -> None:
                 raise ServerFailed(f"{step.describe()} did not start listening within {timeout_s:.0f} s "
                                    f"(cluster.slurm.server_health_timeout_s)\n{step.tail()}")
             time.sleep(0.2)
-        client = EngineClient(step.url, name=step.name, log_path=step.log)
+        client = ServerClient(step.url, name=step.name, log_path=step.log)
         try:
             client.wait_healthy(max(1.0, deadline - time.monotonic()), step.process)
         except GenerationServerError as err:
             raise ServerFailed(f"{step.describe()}: {err}\n{step.tail()}") from None
         finally:
             client.close()
+
+
+def replica_clients(cfg: MasterConfig, steps: list[ServerStep]) -> list:
+    """Clients of the started servers (for health probes), of the configured backend."""
+    server = registry.build("generation_backend", cfg.policy.generation.backend, config=cfg)
+    return [server.client(step.url, f"{step.name} on node {step.node}", step.log) for step in steps]
 
 
 def stop_servers(steps: list[ServerStep]) -> None:
@@ -162,6 +173,7 @@ class ServerWatch:
 
     steps: list[ServerStep]
     stopper: object = None      # a StopRequests: once a stop is under way, servers going away is expected
+    clients: list = field(default_factory=list)   # one per step: a live step that stops answering /health is hung
     hard_exit_s: float = 30.0
     failure: str | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -174,17 +186,26 @@ class ServerWatch:
         self._stop.set()
 
     def _run(self) -> None:
+        from dockyard.generation.health import HealthProbe
+
+        health = HealthProbe(self.clients) if self.clients else None
         while not self._stop.wait(1.0):
             for step in self.steps:
                 code = step.process.poll()
                 if code is not None and self.stopper is not None and self.stopper.requested:
                     return
                 if code is not None and not self._stop.is_set():
-                    self.failure = (f"{step.describe()} exited with status {code} during the run; "
-                                    f"ending the job\n{step.tail()}")
-                    print(f"dockyard: {self.failure}", file=sys.stderr, flush=True)
-                    _thread.interrupt_main()
-                    if not self._stop.wait(self.hard_exit_s):
-                        print("dockyard: the trainer did not stop in time; exiting", file=sys.stderr, flush=True)
-                        os._exit(3)
-                    return
+                    return self._fail(f"{step.describe()} exited with status {code} during the run; "
+                                      f"ending the job\n{step.tail()}")
+            hung = health.hung() if health is not None else None
+            if hung is not None and not self._stop.is_set() and not (self.stopper is not None and self.stopper.requested):
+                step = self.steps[hung]
+                return self._fail(f"{health.describe(hung)}: {step.describe()}; ending the job\n{step.tail()}")
+
+    def _fail(self, failure: str) -> None:
+        self.failure = failure
+        print(f"dockyard: {self.failure}", file=sys.stderr, flush=True)
+        _thread.interrupt_main()
+        if not self._stop.wait(self.hard_exit_s):
+            print("dockyard: the trainer did not stop in time; exiting", file=sys.stderr, flush=True)
+            os._exit(3)

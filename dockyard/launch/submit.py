@@ -78,9 +78,9 @@ def build_executor(cfg: MasterConfig, plan: JobPlan, folder: Path, require_slurm
 
 
 def preflight(cfg: MasterConfig) -> list[Problem]:
-    from dockyard.loop.support import missing_models, slurm_shape, unsupported
+    from dockyard.loop.support import backend_installed, missing_models, unsupported
 
-    return unsupported(cfg) + slurm_shape(cfg) + missing_models(cfg)
+    return unsupported(cfg) + backend_installed(cfg) + missing_models(cfg)
 
 
 def _flag_overrides(ns: argparse.Namespace) -> list[str]:

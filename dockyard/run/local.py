@@ -1,8 +1,10 @@
 """`dockyard run`: the GRPO loop on this machine, no Slurm.
 
-Starts the generation server as its own process, waits for /health, then starts the trainer ranks
-as torch.distributed processes and watches all of them: if any dies, the others are stopped and
-the run ends with a message naming the process and its log file. No hang.
+Starts the generation servers (topology.rollout_replicas of them; cluster.rollout.tasks_per_node=2
+starts two, each bound to its own cores) as processes of their own, waits for /health, then starts
+the trainer ranks as torch.distributed processes and watches all of them: if any dies, or a server
+stops answering /health, the others are stopped and the run ends with a message naming the process
+and its log file. No hang.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from dockyard import registry
 from dockyard.config import topology
 from dockyard.config.loader import LoadedConfig, import_folders
 from dockyard.distributed import free_port
-from dockyard.generation.client import EngineClient, GenerationServerError
-from dockyard.loop.support import local_shape, missing_models, unsupported
+from dockyard.generation.generator import GenerationServerError
+from dockyard.generation.health import HealthProbe
+from dockyard.loop.support import backend_installed, local_shape, missing_models, unsupported
 from dockyard.processes import log_tail, stop_processes
 
 ENGINE_HEALTH_TIMEOUT_S = float(os.environ.get("DOCKYARD_ENGINE_HEALTH_TIMEOUT_S", 600))
@@ -55,7 +58,7 @@ def _stop(children: list[Child]) -> None:
 
 def run_local(loaded: LoadedConfig) -> int:
     cfg = loaded.config
-    problems = unsupported(cfg) + local_shape(cfg) + missing_models(cfg)
+    problems = unsupported(cfg) + local_shape(cfg) + backend_installed(cfg) + missing_models(cfg)
     if problems:
         print(f"dockyard run: config {loaded.source} cannot run here ({len(problems)} problem"
               f"{'s' if len(problems) != 1 else ''}):", file=sys.stderr)
@@ -74,24 +77,40 @@ def run_local(loaded: LoadedConfig) -> int:
     # SIGHUP (kill, timeout, a closed terminal) must stop them too instead of leaving them running.
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _raise_terminated)
-    engine_port, master_port = free_port(), free_port()
+    master_port = free_port()
     server = registry.build("generation_backend", cfg.policy.generation.backend, config=cfg)
-    engine_log = log_dir / "engine.log"
+    backend = cfg.policy.generation.backend
+    count = topology.rollout_replicas(cfg)
     children: list[Child] = []
-    with open(engine_log, "w") as handle:
-        engine = subprocess.Popen(server.command(port=engine_port, threads=cores), stdout=handle,
-                                  stderr=subprocess.STDOUT, start_new_session=True)
-    children.append(Child("generation server (embedded engine)", engine, engine_log))
-    url = f"http://127.0.0.1:{engine_port}"
+    replicas: list[dict] = []
+    clients = []
+    for index in range(count):
+        port = free_port()
+        name = f"rollout replica {index} ({backend})" if count > 1 else f"generation server ({backend})"
+        log = log_dir / (f"engine_{index}.log" if count > 1 else "engine.log")
+        cpus, threads = replica_cores(index, count, cores)
+        env = dict(os.environ, **server.environment(cpus if count > 1 else None),
+                   **cfg.cluster.rollout.env, **replica_devices(cfg, index))
+        with open(log, "w") as handle:
+            process = subprocess.Popen(server.command(port=port, threads=threads), stdout=handle, env=env,
+                                       stderr=subprocess.STDOUT, start_new_session=True)
+        children.append(Child(name, process, log))
+        url = f"http://127.0.0.1:{port}"
+        replicas.append({"name": name, "url": url, "log": str(log)})
+        clients.append(server.client(url, name, log))
     try:
-        print(f"dockyard run: starting the generation server (log: {engine_log})", file=sys.stderr, flush=True)
-        EngineClient(url, name="generation server (embedded engine)", log_path=engine_log).wait_healthy(
-            ENGINE_HEALTH_TIMEOUT_S, engine)
+        print(f"dockyard run: starting {count} {backend} generation server{'s' if count > 1 else ''} "
+              f"(logs: {', '.join(r['log'] for r in replicas)})", file=sys.stderr, flush=True)
+        deadline = time.monotonic() + ENGINE_HEALTH_TIMEOUT_S
+        for client, child in zip(clients, children):
+            try:
+                client.wait_healthy(max(1.0, deadline - time.monotonic()), child.process)
+            except GenerationServerError as err:
+                raise GenerationServerError(f"{err}\n{log_tail(child.log)}") from None
         for rank in range(world_size):
             env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port), DOCKYARD_CONFIG=str(config_file),
-                       DOCKYARD_ENGINE_URL=url, DOCKYARD_ENGINE_LOG=str(engine_log),
-                       DOCKYARD_ENGINE_NAME="generation server (embedded engine)",
+                       DOCKYARD_REPLICAS=json.dumps(replicas),
                        DOCKYARD_IMPORT_PATH=import_folders(Path(loaded.source)),
                        DOCKYARD_THREADS=str(max(1, cores // world_size)))
             log = None if rank == 0 else log_dir / f"trainer_rank{rank}.log"
@@ -103,9 +122,9 @@ def run_local(loaded: LoadedConfig) -> int:
             {child.name: {"pid": child.process.pid, "log": str(child.log) if child.log else None}
              for child in children}, indent=2))
         print(f"dockyard run: {world_size} trainer rank(s) started; logs in {log_dir}", file=sys.stderr, flush=True)
-        return _supervise(children)
+        return _supervise(children[:count], children[count:], HealthProbe(clients))
     except GenerationServerError as err:
-        print(f"dockyard run: {err}\n{log_tail(engine_log)}", file=sys.stderr)
+        print(f"dockyard run: {err}", file=sys.stderr)
         return 3
     except KeyboardInterrupt:
         print("dockyard run: interrupted; stopping every process", file=sys.stderr)
@@ -117,11 +136,33 @@ def run_local(loaded: LoadedConfig) -> int:
         for signum in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(signum, signal.SIG_IGN)  # a repeated kill must not cut the stopping short
         _stop(children)
+        for client in clients:
+            client.close()
 
 
-def _supervise(children: list[Child]) -> int:
-    """Wait for rank 0 to finish; any process that dies first ends the run, named."""
-    engine, ranks = children[0], children[1:]
+def replica_cores(index: int, count: int, cores: int) -> tuple[str, int]:
+    """The cores replica `index` of `count` on this machine is bound to ("a-b") and its thread count:
+    replicas that share a core run at half speed each (measured with two vLLM servers on 2 cores)."""
+    if count <= 1:
+        return f"0-{cores - 1}", cores
+    if count > cores:
+        core = index % cores
+        return str(core), 1
+    first, last = index * cores // count, (index + 1) * cores // count - 1
+    return (str(first) if first == last else f"{first}-{last}"), last - first + 1
+
+
+def replica_devices(cfg, index: int) -> dict[str, str]:
+    """A GPU replica's devices on this machine: rollout_gpus_per_replica of them, in order."""
+    if cfg.cluster.gpus_per_node == 0:
+        return {}
+    per = cfg.cluster.rollout_gpus_per_replica
+    first = (index * per) % max(1, cfg.cluster.gpus_per_node)
+    return {"CUDA_VISIBLE_DEVICES": ",".join(str(first + i) for i in range(per))}
+
+
+def _supervise(servers: list[Child], ranks: list[Child], health: HealthProbe) -> int:
+    """Wait for rank 0 to finish; any process that dies first, or a server that hangs, ends the run, named."""
     while True:
         for child in ranks:
             code = child.process.poll()
@@ -142,8 +183,14 @@ def _supervise(children: list[Child]) -> int:
                     print(f"dockyard run: {child.describe()} exited with status {code}", file=sys.stderr)
                     return code
             return 0
-        if engine.process.poll() is not None:
-            print(f"dockyard run: {engine.describe()} exited with status {engine.process.returncode} "
-                  f"during the run; stopping the trainer\n{log_tail(engine.log)}", file=sys.stderr)
+        for server in servers:
+            if server.process.poll() is not None:
+                print(f"dockyard run: {server.describe()} exited with status {server.process.returncode} "
+                      f"during the run; stopping the trainer\n{log_tail(server.log)}", file=sys.stderr)
+                return 3
+        hung = health.hung()
+        if hung is not None:
+            print(f"dockyard run: {health.describe(hung)}; stopping the run (log: {servers[hung].log})\n"
+                  f"{log_tail(servers[hung].log)}", file=sys.stderr)
             return 3
         time.sleep(0.5)

@@ -9,8 +9,8 @@ import torch
 from safetensors.torch import save_file
 
 from dockyard.distributed import free_port
-from dockyard.generation.client import (EngineClient, GenerationServerError, SharedMemoryWeights,
-                                       WeightBroadcaster, is_this_machine)
+from dockyard.generation.client import EngineClient, GenerationServerError
+from dockyard.generation.weight_transfer import SharedMemoryWeights, WeightBroadcaster, is_this_machine
 from dockyard.generation.engine import SamplingParams
 from dockyard.models import load_causal_lm
 
@@ -87,12 +87,12 @@ def test_update_weights_from_disk_and_by_broadcast(client, tiny_model, tmp_path)
     state["lm_head.weight"].zero_()  # uniform next-token distribution
     save_file(state, str(tmp_path / "model.safetensors"))
     before = client.weights_version()
-    client.update_weights_from_disk(tmp_path)
+    client.load_weights_from_disk(tmp_path)
     uniform = client.generate([PROMPTS[0]], SamplingParams(max_tokens=3, temperature=1.0, seed=0))[0]
     assert client.weights_version() == before + 1
     assert all(abs(lp + torch.log(torch.tensor(512.0)).item()) < 1e-4 for lp in uniform.logprobs)
 
-    broadcaster = WeightBroadcaster(client, "127.0.0.1", free_port())
+    broadcaster = WeightBroadcaster([client], "127.0.0.1", free_port())
     broadcaster.push(model.state_dict().items())  # back to the original weights
     restored = client.generate([PROMPTS[0]], SamplingParams(max_tokens=3, temperature=0.0))[0]
     expected = forward_logprobs(model, PROMPTS[0], restored.token_ids)
@@ -109,7 +109,7 @@ def test_shared_memory_weights_reach_the_engine_and_leave_nothing_behind(client,
     model = load_causal_lm(tiny_model)
     changed = {k: v.clone() for k, v in model.state_dict().items()}
     changed["lm_head.weight"].zero_()
-    sender = SharedMemoryWeights(client)
+    sender = SharedMemoryWeights([client])
     assert str(sender.folder).startswith("/dev/shm/")
     assert not orphan.exists() and alive.exists()   # a killed trainer's folder goes, a living one's stays
     alive.rmdir()
@@ -139,9 +139,9 @@ def test_this_machine_is_recognised_by_address():
 def test_bad_weight_updates_are_refused_by_name(client, tmp_path):
     save_file({"not.a.parameter": torch.zeros(2)}, str(tmp_path / "model.safetensors"))
     with pytest.raises(GenerationServerError, match="unknown parameter names: not.a.parameter"):
-        client.update_weights_from_disk(tmp_path)
+        client.load_weights_from_disk(tmp_path)
     with pytest.raises(GenerationServerError, match="no .safetensors files"):
-        client.update_weights_from_disk(tmp_path / "empty")
+        client.load_weights_from_disk(tmp_path / "empty")
 
 
 def test_wait_healthy_names_a_server_that_never_answers():
