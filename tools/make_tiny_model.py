@@ -17,6 +17,7 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}<|end|>{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
+HIDDEN_SIZE = 128
 SPECIAL_TOKENS = ["<|pad|>", "<|end|>", "<|user|>", "<|assistant|>", "<|system|>"]
 
 
@@ -53,7 +54,7 @@ def build_model(arch: str, vocab_size: int, seed: int, tokenizer, tied: bool = F
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
     # head_dim 32: the smallest head size vLLM's CPU attention kernels accept (16 is refused)
-    common = dict(vocab_size=vocab_size, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+    common = dict(vocab_size=vocab_size, hidden_size=HIDDEN_SIZE, intermediate_size=256, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                   pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
                   tie_word_embeddings=tied)
@@ -73,8 +74,15 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     out = Path(args.out)
     if (out / "config.json").is_file():
-        print(f"{out} exists; keeping it")
-        return
+        import json
+        import shutil
+
+        existing = json.loads((out / "config.json").read_text())
+        if existing.get("hidden_size") == HIDDEN_SIZE and existing.get("tie_word_embeddings", False) == args.tied:
+            print(f"{out} exists; keeping it")
+            return
+        print(f"{out} was built by an older version of this tool (head size vLLM refuses); rebuilding it")
+        shutil.rmtree(out)
     from dockyard.models import save_model_folder
 
     tokenizer = build_tokenizer(args.seed, args.vocab_size)

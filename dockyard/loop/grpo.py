@@ -73,6 +73,14 @@ def _without(prompts: list[Prompt], held_out: set[str], name: str) -> list[Promp
     return kept
 
 
+def serving_precision(cfg: MasterConfig) -> str:
+    """vLLM serves in vllm_cfg.precision (fp8 is quantised from bf16 on load); the others in policy.precision."""
+    if cfg.policy.generation.backend == "vllm":
+        precision = cfg.policy.generation.vllm_cfg.precision
+        return "bf16" if precision == "fp8" else precision
+    return cfg.policy.precision
+
+
 class ReferenceModelError(ValueError):
     """The configured reference policy cannot be loaded (never replaced by another one)."""
 
@@ -196,9 +204,9 @@ class GRPOTrainer:
         """Push the current weights to the engine (every rank takes part in gathering them)."""
         if self.engine_is_current:
             return
-        # The engine serves in policy.precision; casting here (the same rounding the engine would
-        # do) halves what crosses the wire for bf16.
-        weights = self.policy.serving_weights(DTYPES[self.cfg.policy.precision])
+        # Cast to the precision the servers serve in (the same rounding they would do): bf16 halves
+        # what crosses the wire.
+        weights = self.policy.serving_weights(DTYPES[serving_precision(self.cfg)])
         if self.world.is_main:
             try:
                 self.weights_out.push(weights)
