@@ -16,6 +16,7 @@ def stop_processes(processes: Iterable[subprocess.Popen], grace_s: float) -> Non
     for process in processes:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
+            process.send_signal(signal.SIGCONT)   # a stopped (hung) process handles the SIGTERM only once continued
     deadline = time.monotonic() + grace_s
     for process in processes:
         try:

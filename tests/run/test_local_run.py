@@ -107,7 +107,7 @@ def test_a_terminated_driver_stops_its_engine_and_ranks(tiny_model, tmp_path):
             os.kill(pid, 0)
 
 
-@pytest.mark.parametrize("victim,named", [("generation server (embedded engine)", "generation server (embedded engine)"),
+@pytest.mark.parametrize("victim,named", [("generation server (embedded)", "generation server (embedded)"),
                                           ("trainer rank 1", "trainer rank 1")])
 def test_a_dead_component_ends_the_run_naming_it(tiny_model, tmp_path, victim, named):
     process = start_run(tmp_path, tiny_model, "grpo.max_num_steps=10000", "checkpointing.enabled=false")

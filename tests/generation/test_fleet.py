@@ -1,0 +1,112 @@
+"""Several replicas behind one Generator (two real embedded-engine servers): groups spread and kept
+whole, least outstanding work first, one broadcast group refitting both, errors naming the replica;
+and the SGLang client speaking SGLang's native /generate to the embedded engine."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from dockyard.distributed import free_port
+from dockyard.generation.client import EngineClient
+from dockyard.generation.engine import SamplingParams
+from dockyard.generation.fleet import GeneratorFleet
+from dockyard.generation.generator import GenerationServerError
+from dockyard.generation.sglang import SglangClient
+from dockyard.generation.weight_transfer import FleetRefit, WeightBroadcaster
+from dockyard.models import load_causal_lm
+
+PROMPTS = [[5, 9, 14, 3, 8], [7, 7, 2], [12, 6, 40], [3, 4, 5, 6], [20, 21]]
+
+
+@pytest.fixture(scope="module")
+def second_server(tiny_model, tmp_path_factory):
+    port = free_port()
+    log = tmp_path_factory.mktemp("engine2") / "engine.log"
+    with open(log, "w") as handle:
+        process = subprocess.Popen([sys.executable, "-m", "dockyard.generation.server", "--model", str(tiny_model),
+                                    "--port", str(port), "--threads", "1"], stdout=handle, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        EngineClient(url, log_path=log).wait_healthy(120, process)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+@pytest.fixture
+def fleet(engine_server, second_server):
+    made = GeneratorFleet([EngineClient(engine_server[0], name="replica 0"), EngineClient(second_server, name="replica 1")])
+    yield made
+    made.close()
+
+
+def test_groups_are_spread_over_replicas_and_never_split(fleet):
+    params = SamplingParams(n=3, max_tokens=4, temperature=1.0, seed=5, ignore_eos=True)
+    out = fleet.generate(PROMPTS, params)
+    assert fleet.last_assignment == [0, 1, 0, 1, 0]
+    assert [c.prompt_index for c in out] == [i for i in range(len(PROMPTS)) for _ in range(3)]
+    assert fleet.outstanding == [0, 0] and fleet.groups_served == [3, 2]
+    # each group's samples are what its replica gives for that group alone (same seed, same chunk)
+    alone = fleet.replicas[1].generate([PROMPTS[1], PROMPTS[3]], SamplingParams(
+        n=3, max_tokens=4, temperature=1.0, seed=5 + 7919 * 1, ignore_eos=True))
+    assert [c.token_ids for c in out if c.prompt_index in (1, 3)] == [c.token_ids for c in alone]
+
+
+def test_groups_go_to_the_replica_with_the_least_outstanding_work(fleet):
+    fleet.outstanding[0] = 10_000          # replica 0 busy with another call's work
+    try:
+        fleet.generate(PROMPTS[:3], SamplingParams(n=2, max_tokens=3, temperature=1.0, seed=1))
+        assert fleet.last_assignment == [1, 1, 1]
+    finally:
+        fleet.outstanding[0] -= 10_000
+    assert fleet.outstanding == [0, 0]
+
+
+def test_one_broadcast_group_refits_every_replica(fleet, tiny_model):
+    model = load_causal_lm(tiny_model)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    state["lm_head.weight"].zero_()     # a uniform next-token distribution, visible in the logprobs
+    WeightBroadcaster(fleet.replicas, "127.0.0.1", free_port()).push(state.items())
+    out = fleet.generate(PROMPTS[:2], SamplingParams(n=1, max_tokens=3, temperature=1.0, seed=0))
+    assert fleet.last_assignment == [0, 1]
+    for completion in out:
+        assert all(abs(lp + torch.log(torch.tensor(512.0)).item()) < 1e-4 for lp in completion.logprobs)
+    refit = FleetRefit(fleet.replicas, ["127.0.0.1", "127.0.0.1"], "auto", "127.0.0.1", log=lambda _: None)
+    assert refit.paths == {"replica 0": "shared_memory", "replica 1": "shared_memory"}
+    refit.push(dict(model.state_dict()))   # back to the model's weights, through /dev/shm
+    refit.close()
+    greedy = fleet.generate(PROMPTS[:2], SamplingParams(n=1, max_tokens=3, temperature=0.0))
+    assert all(min(c.logprobs) > -6.0 for c in greedy)   # no longer uniform (log 1/512 = -6.24)
+
+
+def test_a_failing_replica_is_named(engine_server):
+    dead = EngineClient(f"http://127.0.0.1:{free_port()}", name="rollout replica 1 (embedded)")
+    fleet = GeneratorFleet([EngineClient(engine_server[0], name="rollout replica 0 (embedded)"), dead])
+    with pytest.raises(GenerationServerError, match=r"rollout replica 1 \(embedded\) at .* is unreachable"):
+        fleet.generate(PROMPTS[:2], SamplingParams(n=1, max_tokens=2))
+    assert fleet.outstanding == [0, 0]
+    assert [r.name for r in fleet.unhealthy()] == ["rollout replica 1 (embedded)"]
+
+
+def test_sglang_client_speaks_the_native_generate_api(engine_server, tiny_model):
+    url, _ = engine_server
+    sglang, plain = SglangClient(url, name="sglang"), EngineClient(url)
+    model = load_causal_lm(tiny_model).eval()
+    out = sglang.generate(PROMPTS[:2], SamplingParams(n=2, max_tokens=4, temperature=1.0, seed=3, ignore_eos=True))
+    assert [c.prompt_index for c in out] == [0, 0, 1, 1]
+    for c in out:
+        ids = torch.tensor([PROMPTS[c.prompt_index] + c.token_ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(PROMPTS[c.prompt_index]) - 1:-1]
+        expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c.token_ids)[:, None])[:, 0]
+        torch.testing.assert_close(torch.tensor(c.logprobs), expected, atol=1e-4, rtol=0)
+        assert len(c.token_ids) == 4 and c.finish_reason == "length"
+    sequences = [PROMPTS[0] + [30, 31], PROMPTS[1] + [32]]
+    starts = [len(PROMPTS[0]), len(PROMPTS[1])]
+    torch.testing.assert_close(torch.tensor(sglang.score(sequences, starts)[0]),
+                               torch.tensor(plain.score(sequences, starts)[0]), atol=1e-5, rtol=0)
+    sglang.pause()
+    sglang.resume()
