@@ -67,7 +67,10 @@ def step_environment(base: dict, extra: dict[str, str]) -> dict:
     return env
 
 
-def srun_command(cfg: MasterConfig, group: ServerGroup, node: str, het: bool, gpus: int, log: Path) -> list[str]:
+def srun_command(cfg: MasterConfig, group: ServerGroup, node: str, het: bool, gpus: int, log: Path,
+                 cpus: int | None = None) -> list[str]:
+    """One server's step. Several servers on a node take `--exact` shares (`cpus` each when known):
+    a step otherwise gets every CPU of the allocation there and the next server's step waits forever."""
     slurm = cfg.cluster.slurm
     cmd = ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={node}", f"--output={log}", "--kill-on-bad-exit=1",
            f"--job-name={group.role}"]
@@ -75,13 +78,25 @@ def srun_command(cfg: MasterConfig, group: ServerGroup, node: str, het: bool, gp
         cmd.append(f"--het-group={group.het_group}")
     if group.overlap:
         cmd.append("--overlap")   # shares the trainer's nodes (colocate)
-    elif gpus > 0:
-        cmd.append(f"--gpus-per-task={gpus}")
+    else:
+        if group.tasks_per_node > 1:
+            cmd.append("--exact")
+            if cpus:
+                cmd.append(f"--cpus-per-task={cpus}")
+        if gpus > 0:
+            cmd.append(f"--gpus-per-task={gpus}")
     if slurm.container_image:
         cmd.append(f"--container-image={slurm.container_image}")
         if slurm.container_mounts:
             cmd.append(f"--container-mounts={','.join(slurm.container_mounts)}")
     return cmd
+
+
+def step_cpus(alloc: Allocation, group: ServerGroup) -> int | None:
+    """CPUs of one server's step: the component's CPUs on a node ("8" or "8(x2)") over its servers there."""
+    key = f"SLURM_JOB_CPUS_PER_NODE_HET_GROUP_{group.het_group}" if alloc.het_size > 1 else "SLURM_JOB_CPUS_PER_NODE"
+    match = re.match(r"\d+", alloc.env.get(key, ""))
+    return max(1, int(match.group()) // group.tasks_per_node) if match else None
 
 
 def start_servers(cfg: MasterConfig, plan: JobPlan, alloc: Allocation, folder: Path, role: str = "rollout") -> list[ServerStep]:
@@ -108,7 +123,8 @@ def start_servers(cfg: MasterConfig, plan: JobPlan, alloc: Allocation, folder: P
             serve = server.command(port=0, host="0.0.0.0", threads=threads, address_file=str(address_file))
             # USR2 (the trainer's warning signal; Slurm sends it to every step, possibly while the server
             # is still importing) must not kill a server: ignored from before exec, which it inherits
-            command = srun_command(cfg, group, node, alloc.het_size > 1, gpus, log) + [
+            command = srun_command(cfg, group, node, alloc.het_size > 1, gpus, log,
+                                   step_cpus(alloc, group)) + [
                 "bash", "-c", 'trap "" USR2; exec "$@"', "dockyard-server", *serve]
             process = subprocess.Popen(command, env=step_environment(alloc.env, extra), stdin=subprocess.DEVNULL,
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
