@@ -1,7 +1,7 @@
 """GRPO entry points inside an allocation.
 
     python jobs/grpo.py                                   one trainer rank as `dockyard run` starts it
-                                                          (DOCKYARD_CONFIG, DOCKYARD_ENGINE_URL, RANK, ...)
+                                                          (DOCKYARD_CONFIG, DOCKYARD_REPLICAS, RANK, ...)
     srun --het-group=0 python jobs/grpo.py --slurm --config RESOLVED.yaml --folder DIR
                                                           one trainer task of a Slurm job (what the
                                                           slurm/*.sbatch templates run; dockyard-submit

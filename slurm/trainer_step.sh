@@ -1,0 +1,31 @@
+# Shared by the hand-written het templates (slurm/*.sbatch), sourced after their #SBATCH lines:
+# validate the config against the allocation, then run the trainer step (jobs/grpo.py --slurm) whose
+# rank 0 starts the generation servers on het group 1, forwarding Slurm's signals to it.
+# Expects: CONFIG, PYTHON, HOME_DIR, FOLDER, and the overrides as "$@".
+
+mkdir -p "$FOLDER"
+nodes=$((SLURM_JOB_NUM_NODES_HET_GROUP_0 + SLURM_JOB_NUM_NODES_HET_GROUP_1))
+
+# Validate with this allocation's node count and write the resolved config the tasks read; a config
+# that does not fit the allocation stops here, before any step starts.
+"$PYTHON" -m dockyard.cli validate --config "$CONFIG" --out "$FOLDER/config.yaml" "cluster.num_nodes=$nodes" "$@"
+
+# Preemption and the time limit (docs/slurm.md): USR2 comes to this shell (B:) 120 s before the limit,
+# or at preemption on clusters that send the job's own signal; the trap forwards it to the trainer
+# step, whose ranks save at the next safe point and requeue the job (rank 0 runs scontrol requeue).
+# SIGTERM (preemption after its grace time, scancel, scontrol requeue) reaches the steps from Slurm
+# itself; the trap only keeps this shell waiting while they save. A requeued job restarts this script
+# with SLURM_RESTART_COUNT set and the run resumes from its latest complete checkpoint.
+forward() { echo "dockyard batch: $1 received; forwarding it to the job steps" >&2; scancel --signal="$1" "$SLURM_JOB_ID"; }
+trap 'forward USR2' USR2
+trap 'echo "dockyard batch: SIGTERM received; waiting for the trainer to save" >&2' TERM
+srun --het-group=0 --kill-on-bad-exit=1 \
+  "$PYTHON" "$HOME_DIR/jobs/grpo.py" --slurm --config "$FOLDER/config.yaml" --folder "$FOLDER" &
+trainer=$!
+status=0
+wait "$trainer" || status=$?
+while kill -0 "$trainer" 2>/dev/null; do  # a trapped signal interrupted `wait`: wait again
+  status=0
+  wait "$trainer" || status=$?
+done
+exit "$status"
