@@ -1,3 +1,4 @@
+import contextlib
 import subprocess
 import sys
 from pathlib import Path
@@ -45,16 +46,16 @@ def tiny_model(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
-def engine_server(tiny_model, tmp_path_factory):
+@contextlib.contextmanager
+def running_engine_server(model: Path, folder: Path):
     """A real embedded-engine HTTP server process on a free port; yields (url, process)."""
     from dockyard.distributed import free_port
     from dockyard.generation.client import EngineClient
 
     port = free_port()
-    log = tmp_path_factory.mktemp("engine") / "engine.log"
+    log = folder / "engine.log"
     with open(log, "w") as handle:
-        process = subprocess.Popen([sys.executable, "-m", "dockyard.generation.server", "--model", str(tiny_model),
+        process = subprocess.Popen([sys.executable, "-m", "dockyard.generation.server", "--model", str(model),
                                     "--port", str(port), "--threads", "1"], stdout=handle, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -63,6 +64,13 @@ def engine_server(tiny_model, tmp_path_factory):
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def engine_server(tiny_model, tmp_path_factory):
+    """A real embedded-engine server on the tiny model, one per test module; yields (url, process)."""
+    with running_engine_server(tiny_model, tmp_path_factory.mktemp("engine")) as server:
+        yield server
 
 
 @pytest.fixture

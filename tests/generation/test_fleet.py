@@ -2,9 +2,6 @@
 whole, least outstanding work first, one broadcast group refitting both, errors naming the replica;
 and the SGLang client speaking SGLang's native /generate to the embedded engine."""
 
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -16,24 +13,15 @@ from dockyard.generation.generator import GenerationServerError
 from dockyard.generation.sglang import SglangClient
 from dockyard.generation.weight_transfer import FleetRefit, WeightBroadcaster
 from dockyard.models import load_causal_lm
+from tests.conftest import running_engine_server
 
 PROMPTS = [[5, 9, 14, 3, 8], [7, 7, 2], [12, 6, 40], [3, 4, 5, 6], [20, 21]]
 
 
 @pytest.fixture(scope="module")
 def second_server(tiny_model, tmp_path_factory):
-    port = free_port()
-    log = tmp_path_factory.mktemp("engine2") / "engine.log"
-    with open(log, "w") as handle:
-        process = subprocess.Popen([sys.executable, "-m", "dockyard.generation.server", "--model", str(tiny_model),
-                                    "--port", str(port), "--threads", "1"], stdout=handle, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        EngineClient(url, log_path=log).wait_healthy(120, process)
+    with running_engine_server(tiny_model, tmp_path_factory.mktemp("engine2")) as (url, _):
         yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 @pytest.fixture

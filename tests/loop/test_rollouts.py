@@ -2,7 +2,6 @@
 tokenizer and the real math environment: retries, the status filter, dynamic sampling with refill
 and oversampling."""
 
-import pytest
 
 from dockyard.config import load_config
 from dockyard.data.datasets import PromptLoader, build_messages, load_prompts, prompt_token_ids

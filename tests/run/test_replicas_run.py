@@ -7,7 +7,6 @@ import os
 import signal
 import time
 
-import pytest
 
 from tests.conftest import require_vllm
 from tests.run.test_local_run import _wait_for_steps, run, start_run
