@@ -83,7 +83,8 @@ class VllmConfig(OpenSection):
     precision: Literal["bf16", "fp16", "fp32", "fp8"] = field(
         "bf16", "Serving precision; fp8 quantises weights on every refit while training stays in bf16.",
         "fp8 needs GPUs (cluster.gpus_per_node > 0).")
-    tensor_parallel_size: PositiveInt = field(1, "Tensor-parallel size of one vLLM replica.")
+    tensor_parallel_size: PositiveInt = field(1, "Tensor-parallel size of one vLLM replica "
+                                              "(the family sets it to cluster.rollout_gpus_per_replica).")
     pipeline_parallel_size: PositiveInt = field(1, "Pipeline-parallel size of one vLLM replica.")
     gpu_memory_utilization: float = field(0.8, "Fraction of GPU memory vLLM may use.", gt=0, le=1)
     max_model_len: Optional[PositiveInt] = field(None, "Engine context length; null uses "
@@ -142,10 +143,10 @@ class GenerationConfig(Section):
     ignore_eos: bool = field(False, "Keep generating past the end-of-sequence token "
                              "(for rewards that need a fixed-length completion).")
     weight_transfer: Literal["auto", "broadcast", "shared_memory"] = field(
-        "auto", "How a refit reaches the generation server: shared_memory writes one safetensors file to "
-        "/dev/shm that the server loads (/update_weights_from_disk); broadcast sends the tensors over a "
-        "torch.distributed group (/update_weights_from_distributed); auto picks shared_memory when the "
-        "server's address is on trainer rank 0's machine.", "shared_memory needs the server on that machine.")
+        "auto", "How a refit reaches each generation replica: shared_memory writes one safetensors file to "
+        "/dev/shm that the replicas on trainer rank 0's machine load; broadcast sends the tensors once over a "
+        "torch.distributed group holding every other replica; auto picks per replica, shared_memory when its "
+        "address is on rank 0's machine (docs/generation.md).", "shared_memory needs the replicas on that machine.")
     eval_temperature: Optional[float] = field(None, "Temperature for validation rollouts; null reuses "
                                               "temperature.", ge=0, allow_inf_nan=False)
     allow_multimodal_inputs: bool = field(False, "Forward per-sample images to the engine (VLM/CUA recipes).",
