@@ -38,10 +38,10 @@ def test_registering_a_second_factory_under_one_name_fails():
 
 
 def test_declared_component_is_listed_but_cannot_be_built():
-    entry = registry.get("generation_backend", "sglang")
+    entry = registry.get("policy_backend", "megatron")
     assert not entry.available
     with pytest.raises(registry.ComponentUnavailableError, match="not implemented in this version"):
-        registry.build("generation_backend", "sglang")
+        registry.build("policy_backend", "megatron")
 
 
 def test_unknown_name_and_kind():

@@ -1,3 +1,4 @@
+import re
 """Planning `--nodes` into het components and rendering the sbatch script (no cluster needed for
 most; `sbatch --test-only` checks the rendered script against the real local Slurm when it is up)."""
 
@@ -50,10 +51,17 @@ def test_too_few_nodes_is_a_config_error_before_submission(tmp_path, tiny_model)
     assert "cluster.trainer.num_nodes" in result.stderr and "nothing was submitted" in result.stderr
 
 
-def test_more_than_one_generation_server_is_refused_at_submit_time(tmp_path, tiny_model):
-    result = run_submit(tmp_path, tiny_model, "--nodes", "4", "cluster.rollout.num_nodes=2", "--dry-run")
+def test_several_generation_servers_are_planned_on_the_rollout_component(tmp_path, tiny_model):
+    result = run_submit(tmp_path, tiny_model, "--nodes", "4", "cluster.rollout.num_nodes=2",
+                        "cluster.rollout.tasks_per_node=2", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"^1\s+rollout\s+2\s+2\s+0\s+embedded generation servers$", result.stdout, re.M), result.stdout
+
+
+def test_sglang_on_cpu_is_refused_at_submit_time(tmp_path, tiny_model):
+    result = run_submit(tmp_path, tiny_model, "--nodes", "3", "generation=sglang", "--dry-run")
     assert result.returncode == 2
-    assert "cluster.rollout" in result.stderr and "2 generation servers" in result.stderr
+    assert "policy.generation.backend: sglang needs GPUs (cluster.gpus_per_node > 0)" in result.stderr
 
 
 def test_missing_model_is_refused_at_submit_time(tmp_path, tiny_model):

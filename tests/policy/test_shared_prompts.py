@@ -63,7 +63,9 @@ def test_shared_prompt_rows_match_one_row_per_sample(single_rank_world, tiny_mod
     after_plain, after_shared = plain.full_state_dict(), shared.full_state_dict()
     assert any(not torch.equal(before[k], after_plain[k]) for k in before)
     for key in after_plain:
-        torch.testing.assert_close(after_shared[key], after_plain[key], atol=1e-6, rtol=1e-5)
+        # Adam's first step is about lr x sign(g): a gradient within summation-order noise of zero can
+        # move an element by a fraction of lr either way; a wrong mask or position moves most by ~lr (1e-3)
+        torch.testing.assert_close(after_shared[key], after_plain[key], atol=1e-4, rtol=1e-3)
 
 
 def test_an_attention_without_4d_masks_is_refused_by_name(single_rank_world, tiny_model, monkeypatch):
