@@ -105,12 +105,16 @@ def test_preempted_then_requeued_run_ends_bitwise_equal_to_an_uninterrupted_one(
 def test_time_limit_signal_saves_requeues_and_the_run_completes(slurm_cluster, tmp_path, tiny_model):
     # 1-minute limit, USR2 40 s before it: slurmctld checks limits periodically, so the signal comes
     # 20-50 s after the start. 120 steps decoding 160 tokens each (0.6-1 s a step) outlast that window
-    # however fast this machine is.
+    # however fast this machine is. Once the job was requeued its limit is raised: on a slow machine
+    # the signal can come before a restarted run has trained a step (start-up takes ~15 s there), and
+    # 1-minute incarnations would then crawl through the remaining steps.
     steps = 120
     job = submit(tmp_path, tiny_model, f"grpo.max_num_steps={steps}", "checkpointing.save_period=1000",
                  "policy.max_total_sequence_length=256", "policy.generation.max_new_tokens=160",
                  "policy.generation.ignore_eos=true",
                  "cluster.slurm.time=1", "cluster.slurm.signal_delay_s=40", "cluster.slurm.deadline_margin_s=0")
+    wait_until(lambda: restarts(job) >= 1, 300, "the job to be requeued at its time limit")
+    subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=15"], check=True, timeout=30)
     assert wait_ended(job, 600) == "COMPLETED"
     assert restarts(job) >= 1
     log = rank0_log(tmp_path, job)
