@@ -43,8 +43,10 @@ def test_two_vllm_replicas_on_the_rollout_component(slurm_cluster, tmp_path, tin
 def test_a_requeued_run_restarts_its_vllm_servers_and_resumes(slurm_cluster, tmp_path, tiny_model):
     require_vllm()
     steps = 10
+    # a checkpoint every step: the requeue's SIGTERM can land while rank 0 broadcasts weights to servers
+    # Slurm is stopping too, and that wait can outlast Slurm's KillWait (then nothing is saved at the stop)
     result = run_submit(tmp_path, tiny_model, "--nodes", "3", *TWO_VLLM, f"grpo.max_num_steps={steps}",
-                        "checkpointing.save_period=1000")
+                        "checkpointing.save_period=1")
     assert result.returncode == 0, result.stdout + result.stderr
     job = re.search(r"submitted job (\d+)", result.stdout).group(1)
     wait_until(lambda: max(logged_steps(tmp_path), default=0) >= 3, 400, "step 3")
