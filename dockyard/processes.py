@@ -67,3 +67,15 @@ def log_tail(path: Path | None, lines: int = 15) -> str:
         return ""
     text = path.read_text(errors="replace").splitlines()[-lines:]
     return "\n".join("    | " + line for line in text)
+
+
+def core_share(index: int, count: int, cores: int) -> tuple[str, int]:
+    """The cores server `index` of `count` on one machine is bound to ("a-b") and its thread count:
+    servers that share a core run at half speed each (measured with two vLLM servers on 2 cores)."""
+    if count <= 1:
+        return f"0-{cores - 1}", cores
+    if count > cores:
+        core = index % cores
+        return str(core), 1
+    first, last = index * cores // count, (index + 1) * cores // count - 1
+    return (str(first) if first == last else f"{first}-{last}"), last - first + 1

@@ -26,7 +26,7 @@ from dockyard.generation.generator import ServerClient
 from dockyard.generation.generator import GenerationServerError
 from dockyard.launch.allocation import Allocation
 from dockyard.launch.plan import JobPlan, ServerGroup
-from dockyard.processes import log_tail, stop_processes
+from dockyard.processes import core_share, log_tail, stop_processes
 
 # srun reads these from its environment as if they were options; inside the trainer's step they
 # describe that step and would shape (or break) the server's step.
@@ -116,9 +116,7 @@ def start_servers(cfg: MasterConfig, plan: JobPlan, alloc: Allocation, folder: P
             log, address_file = folder / f"{stem}_{node}.log", folder / f"{stem}.address.json"
             address_file.unlink(missing_ok=True)
             # servers sharing a node are bound to cores of their own (slot k of tasks_per_node)
-            first = slot * cpus // group.tasks_per_node
-            last = max(first, (slot + 1) * cpus // group.tasks_per_node - 1)
-            bind = None if group.tasks_per_node == 1 else (str(first) if first == last else f"{first}-{last}")
+            bind = None if group.tasks_per_node == 1 else core_share(slot, group.tasks_per_node, cpus)[0]
             extra = {**server.environment(bind), **getattr(cfg.cluster, role).env}
             serve = server.command(port=0, host="0.0.0.0", threads=threads, address_file=str(address_file))
             # USR2 (the trainer's warning signal; Slurm sends it to every step, possibly while the server

@@ -25,7 +25,7 @@ from dockyard.distributed import free_port
 from dockyard.generation.generator import GenerationServerError
 from dockyard.generation.health import HealthProbe
 from dockyard.loop.support import backend_installed, local_shape, missing_models, unsupported
-from dockyard.processes import log_tail, stop_processes
+from dockyard.processes import core_share, log_tail, stop_processes
 
 ENGINE_HEALTH_TIMEOUT_S = float(os.environ.get("DOCKYARD_ENGINE_HEALTH_TIMEOUT_S", 600))
 SHUTDOWN_GRACE_S = 30
@@ -88,7 +88,7 @@ def run_local(loaded: LoadedConfig) -> int:
         port = free_port()
         name = f"rollout replica {index} ({backend})" if count > 1 else f"generation server ({backend})"
         log = log_dir / (f"engine_{index}.log" if count > 1 else "engine.log")
-        cpus, threads = replica_cores(index, count, cores)
+        cpus, threads = core_share(index, count, cores)
         env = {**os.environ, **server.environment(cpus), **cfg.cluster.rollout.env, **replica_devices(cfg, index)}
         with open(log, "w") as handle:
             process = subprocess.Popen(server.command(port=port, threads=threads), stdout=handle, env=env,
@@ -137,18 +137,6 @@ def run_local(loaded: LoadedConfig) -> int:
         _stop(children)
         for client in clients:
             client.close()
-
-
-def replica_cores(index: int, count: int, cores: int) -> tuple[str, int]:
-    """The cores replica `index` of `count` on this machine is bound to ("a-b") and its thread count:
-    replicas that share a core run at half speed each (measured with two vLLM servers on 2 cores)."""
-    if count <= 1:
-        return f"0-{cores - 1}", cores
-    if count > cores:
-        core = index % cores
-        return str(core), 1
-    first, last = index * cores // count, (index + 1) * cores // count - 1
-    return (str(first) if first == last else f"{first}-{last}"), last - first + 1
 
 
 def replica_devices(cfg, index: int) -> dict[str, str]:
