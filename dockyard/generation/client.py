@@ -8,12 +8,17 @@ from pathlib import Path
 
 from dockyard.generation.engine import Completion, SamplingParams
 from dockyard.generation.generator import GenerationServerError, Generator, ServerClient
+from dockyard.generation.images import ImageSource
 
 __all__ = ["EngineClient", "GenerationServerError"]
 
 
 class EngineClient(ServerClient, Generator):
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 images: list[list[ImageSource]] | None = None) -> list[Completion]:
+        if self.image_gate.admit(images, len(prompts)):
+            raise GenerationServerError(f"{self._where()} is the embedded engine, which serves text-only models; "
+                                        "image inputs need policy.generation.backend=vllm")
         body = {key: value for key, value in asdict(params).items() if value is not None}
         body["prompt"] = prompts
         data = self._post("/v1/completions", body)

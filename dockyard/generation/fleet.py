@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from dockyard.generation.engine import Completion, SamplingParams
 from dockyard.generation.generator import Generator
+from dockyard.generation.images import ImageSource
 from dockyard.generation.weight_transfer import call_all
 
 
@@ -43,9 +44,10 @@ class GeneratorFleet(Generator):
         with self._lock:
             self.outstanding[replica] -= work
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 images: list[list[ImageSource]] | None = None) -> list[Completion]:
         if len(self.replicas) == 1:
-            out = self.replicas[0].generate(prompts, params)
+            out = self.replicas[0].generate(prompts, params, images)
             self.last_usage, self.last_assignment = dict(self.replicas[0].last_usage), [0] * len(prompts)
             self.groups_served[0] += len(prompts)
             return out
@@ -62,7 +64,8 @@ class GeneratorFleet(Generator):
             try:
                 # a seed per chunk, so two replicas never draw the same random stream
                 seed = None if params.seed is None else params.seed + 7919 * indices[0]
-                got = self.replicas[replica].generate([prompts[i] for i in indices], replace(params, seed=seed))
+                got = self.replicas[replica].generate([prompts[i] for i in indices], replace(params, seed=seed),
+                                                      None if images is None else [images[i] for i in indices])
                 results[replica] = [replace(c, prompt_index=indices[c.prompt_index]) for c in got]
                 usage[replica] = dict(self.replicas[replica].last_usage)
             finally:

@@ -11,6 +11,9 @@ from (logits / temperature; top-k / top-p only restrict what may be sampled). Th
 trainer recomputes and what IS correction compares against; vLLM is started with
 `--logprobs-mode processed_logprobs` for it (its default, raw logprobs, ignores the temperature).
 `score` returns raw logprobs (temperature 1) of given tokens.
+
+Images: `generate` takes each prompt's images beside its token ids. They pass the multimodal gate
+(images.py) first, whatever the backend; a backend that cannot forward them says so.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from pathlib import Path
 import httpx
 
 from dockyard.generation.engine import Completion, SamplingParams
+from dockyard.generation.images import ImageGate, ImageSource
 
 
 class GenerationServerError(RuntimeError):
@@ -31,10 +35,13 @@ class GenerationServerError(RuntimeError):
 
 class Generator(abc.ABC):
     name: str
+    image_gate: ImageGate = ImageGate()   # closed unless the config opens it
 
     @abc.abstractmethod
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
-        """params.n samples of each prompt; Completion.prompt_index says which prompt."""
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 images: list[list[ImageSource]] | None = None) -> list[Completion]:
+        """params.n samples of each prompt; Completion.prompt_index says which prompt. `images`, when
+        given, holds one list per prompt: the images its placeholder tokens stand for."""
 
     @abc.abstractmethod
     def score(self, sequences: list[list[int]], starts: list[int]) -> list[list[float]]:
@@ -78,8 +85,10 @@ class ServerClient:
     """HTTP to one server: errors name the server, its URL and its log."""
 
     def __init__(self, url: str, name: str = "generation server", request_timeout_s: float = 3600,
-                 log_path: str | Path | None = None):
+                 log_path: str | Path | None = None, image_gate: ImageGate | None = None):
         self.url = url.rstrip("/")
+        if image_gate is not None:
+            self.image_gate = image_gate
         self.name = name
         self.log_path = log_path
         self.request_timeout_s = request_timeout_s

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from dockyard.config.schema import MasterConfig
 from dockyard.generation.client import EngineClient
+from dockyard.generation.images import ImageGate
 
 
 class EmbeddedServer:
@@ -33,4 +34,5 @@ class EmbeddedServer:
 
     def client(self, url: str, name: str, log_path: str | Path | None = None,
                request_timeout_s: float = 3600) -> EngineClient:
-        return EngineClient(url, name=name, log_path=log_path, request_timeout_s=request_timeout_s)
+        return EngineClient(url, name=name, log_path=log_path, request_timeout_s=request_timeout_s,
+                            image_gate=ImageGate.from_generation(self.config.policy.generation))

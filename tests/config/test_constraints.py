@@ -148,6 +148,8 @@ CASES = [
      "policy.generation.vllm_cfg.precision: fp8 serving quantises bf16/fp16 training weights; policy.precision is fp32"),
     ("multimodal_inputs", "grpo_osworld", ["generation=sglang"],
      "policy.generation.allow_multimodal_inputs: the sglang backend does not forward images yet"),
+    ("multimodal_inputs", "grpo_osworld", ["generation=embedded"],
+     "policy.generation.allow_multimodal_inputs: the embedded engine serves text-only models"),
     ("multi_turn_needs_agent", "grpo_tiny", ["grpo.max_rollout_turns=3"],
      "env.agent: grpo.max_rollout_turns is 3; multi-turn rollouts need an agent"),
     ("reward_scaling_range", "grpo_tiny", ["grpo.reward_scaling.enabled=true", "grpo.reward_scaling.source_max=0"],

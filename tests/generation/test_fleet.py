@@ -98,3 +98,22 @@ def test_sglang_client_speaks_the_native_generate_api(engine_server, tiny_model)
                                torch.tensor(plain.score(sequences, starts)[0]), atol=1e-5, rtol=0)
     sglang.pause()
     sglang.resume()
+
+
+def test_backends_that_cannot_forward_images_say_so_after_the_same_gate(engine_server):
+    """Seed 000: SGLang applies the gate but does not forward images yet; the embedded engine is
+    text-only. Neither drops an image silently; both still serve text."""
+    from PIL import Image
+
+    from dockyard.generation.images import ImageGate, ImageRejected
+
+    url, _ = engine_server
+    image = Image.new("RGB", (4, 4))
+    gate = ImageGate(allowed=True, max_pixels=100, max_per_sample=1)
+    for client, named in ((SglangClient(url, name="sglang", image_gate=gate), "sglang backend does not forward"),
+                          (EngineClient(url, name="embedded", image_gate=gate), "text-only models")):
+        with pytest.raises(GenerationServerError, match=named):
+            client.generate([PROMPTS[0]], SamplingParams(max_tokens=2), [[image]])
+        with pytest.raises(ImageRejected, match="max_images_per_sample"):   # the gate runs first
+            client.generate([PROMPTS[0]], SamplingParams(max_tokens=2), [[image, image]])
+        assert len(client.generate([PROMPTS[0]], SamplingParams(max_tokens=2), [[]])) == 1

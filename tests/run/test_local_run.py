@@ -129,10 +129,12 @@ def test_a_dead_component_ends_the_run_naming_it(tiny_model, tmp_path, victim, n
 
 def test_unsupported_features_and_missing_model_are_refused_before_starting(tmp_path):
     result = run(tmp_path, tmp_path / "no-model", "policy.lora.enabled=true", "policy.backend=megatron",
+                 "generation=vllm", "policy.generation.allow_multimodal_inputs=true",
                  "+policy.megatron_cfg.bf16=false", "loss_fn.reference_policy_kl_penalty=0.1",
                  "loss_fn.reference_model.hf_path=/no/reference")
     assert result.returncode == 2
     assert "policy.lora.enabled: not supported by the GRPO loop in this version" in result.stdout
+    assert "policy.generation.allow_multimodal_inputs: the GRPO loop does not train on image inputs" in result.stdout
     assert "loss_fn.reference_model.hf_path: no model folder at" in result.stdout
     assert "policy.backend: policy_backend 'megatron' is not available in this version" in result.stdout
     assert "policy.model_name: no model folder at" in result.stdout and "make_tiny_model.py" in result.stdout
