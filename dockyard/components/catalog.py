@@ -27,6 +27,7 @@ _IMPLEMENTED = {
     ("generation_backend", "vllm"): "dockyard.generation.vllm:VllmServer",
     ("generation_backend", "sglang"): "dockyard.generation.sglang:SglangServer",
     ("policy_backend", "dtensor"): "dockyard.policy.dtensor:DTensorPolicy",
+    ("sandbox", "bubblewrap"): "dockyard.sandboxes.bubblewrap:BubblewrapSandbox",
 }
 
 _DECLARED = {

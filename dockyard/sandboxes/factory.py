@@ -1,0 +1,76 @@
+"""Sandboxes from `env.sandbox`: the backend by name through the registry, the caps from the config,
+at most `max_concurrent` alive at once in this process.
+
+Caps beyond the schema's keys are `env.sandbox` extra keys: memory_mb, max_processes, file_size_mb,
+cpu_time_s, open_files, output_bytes. Any other extra key is refused by name (no silent knobs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+from dockyard import registry
+from dockyard.config.schema.env import SandboxConfig
+from dockyard.sandboxes.base import Sandbox, SandboxError, SandboxLimits, SandboxSpec
+
+LIMIT_KEYS = {f.name for f in dataclasses.fields(SandboxLimits)} - {"command_timeout_s"}
+
+
+def limits_from(config: SandboxConfig) -> SandboxLimits:
+    extra = dict(config.model_extra or {})
+    unknown = sorted(set(extra) - LIMIT_KEYS)
+    if unknown:
+        raise SandboxError(f"env.sandbox.{unknown[0]}: not a sandbox setting (known extra keys: "
+                           f"{', '.join(sorted(LIMIT_KEYS))})")
+    for key, value in extra.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise SandboxError(f"env.sandbox.{key}: must be a positive whole number, got {value!r}")
+    return SandboxLimits(command_timeout_s=config.command_exec_timeout_s, **extra)
+
+
+class SandboxFactory:
+    """Creates the configured kind of sandbox; `create` blocks while max_concurrent are alive."""
+
+    def __init__(self, config: SandboxConfig):
+        self.config = config
+        self.limits = limits_from(config)
+        entry = registry.get("sandbox", config.type)
+        if entry.factory is None:
+            raise SandboxError(f"env.sandbox.type: sandbox {config.type!r} is not available in this version "
+                               "(see `dockyard list sandbox`)")
+        self.backend = entry.factory
+        problem = getattr(self.backend, "refuses", lambda cfg: None)(config)
+        if problem:
+            raise SandboxError(problem)
+        self._slots = threading.BoundedSemaphore(config.max_concurrent)
+
+    def create(self, spec: SandboxSpec) -> Sandbox:
+        if not spec.workdir:
+            spec = dataclasses.replace(spec, workdir=self.config.working_dir)
+        if not self._slots.acquire(timeout=self.config.creation_timeout_s):
+            raise SandboxError(f"{spec.name}: no sandbox slot came free within env.sandbox.creation_timeout_s "
+                               f"({self.config.creation_timeout_s:.0f} s; env.sandbox.max_concurrent="
+                               f"{self.config.max_concurrent})")
+        started = time.monotonic()
+        try:
+            sandbox = self.backend(spec, self.limits, config=self.config)
+        except BaseException:
+            self._slots.release()
+            raise
+        if time.monotonic() - started > self.config.creation_timeout_s:
+            sandbox.destroy()
+            self._slots.release()
+            raise SandboxError(f"{spec.name}: creating the sandbox took longer than env.sandbox.creation_timeout_s "
+                               f"({self.config.creation_timeout_s:.0f} s)")
+        release = sandbox._teardown
+
+        def teardown() -> None:
+            try:
+                release()
+            finally:
+                self._slots.release()
+
+        sandbox._teardown = teardown
+        return sandbox

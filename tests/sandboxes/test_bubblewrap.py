@@ -1,0 +1,172 @@
+"""bubblewrap sandboxes, for real: what a command can and cannot do, and that the caps hold.
+Each test breaks if the guard it names is removed."""
+
+import os
+import secrets
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from dockyard.config.schema.env import SandboxConfig
+from dockyard.sandboxes.base import SandboxError, SandboxLimits, SandboxSpec
+from dockyard.sandboxes.bubblewrap import BubblewrapSandbox, bwrap_path
+from dockyard.sandboxes.factory import SandboxFactory, limits_from
+from dockyard.waiting import wait_until
+
+pytestmark = pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap is not installed (tools/install.sh)")
+
+LIMITS = SandboxLimits(command_timeout_s=20, memory_mb=256, max_processes=64, file_size_mb=8, output_bytes=4096)
+
+
+@pytest.fixture
+def sandbox(tmp_path):
+    (tmp_path / "input.txt").write_text("task input\n")
+    spec = SandboxSpec(workdir="/app", files=[(tmp_path / "input.txt", "/app/data/input.txt")],
+                       env={"TASK_VAR": "from the Dockerfile"})
+    with BubblewrapSandbox(spec, LIMITS) as box:
+        yield box
+
+
+def host_processes(pattern: str) -> list[str]:
+    out = subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "pgrep" not in line]
+
+
+def test_files_workdir_and_a_clean_environment(sandbox, monkeypatch):
+    monkeypatch.setenv("DOCKYARD_TRAINER_SECRET", "hunter2")
+    result = sandbox.run("pwd; cat data/input.txt; echo $TASK_VAR; env")
+    assert result.ok
+    lines = result.output.splitlines()
+    assert lines[:3] == ["/app", "task input", "from the Dockerfile"]
+    assert "hunter2" not in result.output and "DOCKYARD_TRAINER_SECRET" not in result.output
+    assert "HOME=/app" in lines
+
+
+def test_no_network(sandbox):
+    result = sandbox.run("python3 -c 'import socket; socket.create_connection((\"1.1.1.1\", 80), timeout=3)'")
+    assert result.exit_code != 0 and "Network is unreachable" in result.output
+
+
+def test_writes_outside_the_workspace_fail_and_the_host_is_unchanged(sandbox):
+    probe = f"dockyard-probe-{secrets.token_hex(4)}"
+    result = sandbox.run(f"echo x > /etc/{probe}; echo x > /{probe}; echo x > /usr/{probe}; echo ok > kept.txt")
+    assert result.output.count("Read-only file system") == 3
+    for folder in ("/etc", "/", "/usr"):
+        assert not Path(folder, probe).exists()
+    assert sandbox.run("cat kept.txt").output.strip() == "ok"   # the workspace persists between commands
+
+
+def test_the_hosts_home_and_this_repository_are_not_visible(sandbox, tmp_path):
+    secret = Path.home() / f".dockyard-secret-{secrets.token_hex(4)}"
+    secret.write_text("do not read")
+    try:
+        result = sandbox.run(f"cat {secret}; ls {Path(__file__).parent}; cat /etc/shadow")
+        assert "do not read" not in result.output
+        assert "No such file or directory" in result.output
+        if os.geteuid() == 0:   # the sandbox runs as its own user: root-only files stay closed
+            assert "Permission denied" in result.output
+    finally:
+        secret.unlink()
+
+
+def test_a_fork_bomb_is_contained_and_leaves_nothing_behind(sandbox):
+    started = time.monotonic()
+    result = sandbox.run("bomb() { bomb | bomb & }; bomb 2>/dev/null; sleep 1; echo survived", timeout_s=15)
+    assert time.monotonic() - started < 30
+    assert "survived" in result.output or result.timed_out
+    assert sandbox.run("echo still usable").output.strip() == "still usable"
+    if os.geteuid() == 0:   # every process of the sandbox's own user is gone (the kernel reaps them)
+        wait_until(lambda: subprocess.run(["pgrep", "-u", str(sandbox.uid)], capture_output=True).stdout == b"",
+                   15, f"the processes of sandbox user {sandbox.uid} to end")
+
+
+def test_memory_past_the_cap_is_refused(sandbox):
+    result = sandbox.run("python3 -c 'x = bytearray(600 * 1024 * 1024); print(len(x))'")
+    assert result.exit_code != 0 and "MemoryError" in result.output
+
+
+def test_a_huge_file_stops_at_the_file_size_cap(sandbox):
+    sandbox.run("head -c 50000000 /dev/zero > big.bin")
+    size = int(sandbox.run("stat -c %s big.bin").output)
+    assert size <= 8 * 1024 * 1024
+
+
+def test_a_command_past_its_timeout_is_killed_with_its_background_processes(sandbox):
+    marker = f"sleep {400 + secrets.randbelow(100)}"
+    started = time.monotonic()
+    result = sandbox.run(f"({marker} &); {marker}", timeout_s=2)
+    assert result.timed_out and result.exit_code is None
+    assert time.monotonic() - started < 10
+    time.sleep(0.5)
+    assert not host_processes(marker)
+
+
+def test_background_processes_end_with_their_command(sandbox):
+    marker = f"sleep {500 + secrets.randbelow(100)}"
+    assert sandbox.run(f"{marker} & echo started").output.strip() == "started"
+    time.sleep(0.5)
+    assert not host_processes(marker)
+
+
+def test_output_is_capped_and_says_so(sandbox):
+    result = sandbox.run("seq 1 100000")
+    assert result.truncated and "bytes of output left out" in result.output
+    assert result.output.startswith("1\n2\n") and result.output.rstrip().endswith("100000")
+    assert len(result.output) < 4096 + 200
+
+
+def test_a_shell_session_keeps_its_state_and_survives_a_timeout(sandbox):
+    shell = sandbox.shell()
+    assert shell.run("cd data && export COUNT=3").ok
+    assert shell.run("pwd; echo $COUNT").output.splitlines() == ["/app/data", "3"]
+    assert shell.run("false").exit_code == 1
+    hung = shell.run("sleep 60", timeout_s=1)
+    assert hung.timed_out and "the shell was killed" in hung.output
+    fresh = shell.run("pwd")
+    assert fresh.ok and fresh.output.splitlines() == ["[the previous shell ended; this is a new shell]", "/app"]
+
+
+def test_read_only_files_cannot_be_changed_and_do_not_exist_before_they_are_copied(sandbox, tmp_path):
+    assert "No such file" in sandbox.run("ls /tests").output
+    (tmp_path / "check.sh").write_text("echo checking\n")
+    sandbox.copy_in(tmp_path / "check.sh", "/tests/check.sh", read_only=True)
+    result = sandbox.run("bash /tests/check.sh; echo tampered >> /tests/check.sh; touch /tests/planted")
+    assert result.output.startswith("checking")
+    assert "Permission denied" in result.output or "Read-only" in result.output
+    assert sandbox.run("cat /tests/check.sh; ls /tests").output.split() == ["echo", "checking", "check.sh"]
+    with pytest.raises(SandboxError, match="the sandbox can write"):
+        sandbox.copy_in(tmp_path / "check.sh", "/app/check.sh", read_only=True)
+
+
+def test_copy_out_and_destroy(sandbox, tmp_path):
+    sandbox.run("mkdir -p out && echo result > out/r.txt && ln -s /etc/passwd out/link")
+    sandbox.copy_out("/app/out/r.txt", tmp_path / "r.txt")
+    assert (tmp_path / "r.txt").read_text() == "result\n"
+    with pytest.raises(SandboxError, match="does not exist in the sandbox"):
+        sandbox.copy_out("/app/out/link", tmp_path / "link")   # a link could point anywhere on the host
+    root = sandbox.host_root
+    sandbox.destroy()
+    assert not root.exists()
+    with pytest.raises(SandboxError, match="destroyed"):
+        sandbox.run("true")
+
+
+def test_the_factory_applies_the_config_and_bounds_live_sandboxes():
+    config = SandboxConfig(type="bubblewrap", command_exec_timeout_s=5, max_concurrent=1, creation_timeout_s=1,
+                           memory_mb=128, max_processes=32)
+    assert limits_from(config) == SandboxLimits(command_timeout_s=5, memory_mb=128, max_processes=32)
+    factory = SandboxFactory(config)
+    first = factory.create(SandboxSpec(workdir=""))
+    assert first.workdir == "/rl-sandbox"                     # env.sandbox.working_dir when a task sets none
+    with pytest.raises(SandboxError, match="no sandbox slot came free within env.sandbox.creation_timeout_s"):
+        factory.create(SandboxSpec())
+    first.destroy()
+    factory.create(SandboxSpec()).destroy()
+    with pytest.raises(SandboxError, match="env.sandbox.memory: not a sandbox setting"):
+        SandboxFactory(SandboxConfig(type="bubblewrap", memory=5))
+    with pytest.raises(SandboxError, match="env.sandbox.image: bubblewrap .* cannot use the image"):
+        SandboxFactory(SandboxConfig(type="bubblewrap", image="ubuntu:24.04"))
+    with pytest.raises(SandboxError, match="sandbox 'podman' is not available"):
+        SandboxFactory(SandboxConfig(type="podman"))
