@@ -96,6 +96,20 @@ def cmd_list(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_env_check(ns: argparse.Namespace) -> int:
+    from dockyard.envs.check import check
+
+    if not ns.config:
+        print("dockyard env check: --config is required", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        loaded = load_config(ns.config, ns.overrides, ns.config_dir)
+    except ConfigError as err:
+        print(err.render(), file=sys.stderr)
+        return EXIT_CONFIG
+    return check(loaded.config, ns.tasks, ns.agent)
+
+
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="config file (a path, or a name from the config family)")
     parser.add_argument("--config-dir", action="append", default=[], metavar="DIR",
@@ -118,6 +132,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(run)
     run.add_argument("overrides", nargs="*", metavar="OVERRIDE", help="Hydra overrides")
     run.set_defaults(func=cmd_run)
+
+    env = sub.add_parser("env", help="environment tools").add_subparsers(dest="env_command", required=True)
+    env_check = env.add_parser("check", help="run every task with the oracle or no-op agent in the configured "
+                               "sandbox and print task, reward, seconds; exit 1 naming the broken tasks")
+    _add_config_args(env_check)
+    env_check.add_argument("--tasks", metavar="DIR|JSONL", help="task folder(s) or jsonl index "
+                           "(default: the config's first data.datasets path)")
+    env_check.add_argument("--agent", choices=["oracle", "noop"], default="oracle")
+    env_check.add_argument("overrides", nargs="*", metavar="OVERRIDE", help="Hydra overrides")
+    env_check.set_defaults(func=cmd_env_check)
 
     listing = sub.add_parser("list", help="print the component catalog by kind")
     listing.add_argument("kind", nargs="?", help="only this kind")

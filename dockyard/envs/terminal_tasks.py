@@ -1,0 +1,248 @@
+"""Terminal tasks in the two published layouts, read into one `TerminalTask`.
+
+Terminal-Bench 1 (a task folder):
+    task.yaml        instruction, difficulty, max_agent_timeout_sec (360), max_test_timeout_sec (60),
+                     parser_name (pytest), run_tests_in_same_shell, category, tags, author_name
+    Dockerfile       FROM, WORKDIR, COPY, ENV, RUN ... (build context: the task folder)
+    run-tests.sh     copied with tests/ into /tests after the agent finishes, run as
+                     `bash /tests/run-tests.sh` with TEST_DIR=/tests; the pytest summary (-rA) decides:
+                     resolved only if every test passed
+    tests/           test_outputs.py and whatever the tests read
+    solution.sh      what the oracle runs (or solution.yaml, a list of keystrokes)
+
+Harbor / Terminal-Bench 2 (a task folder):
+    task.toml        [metadata], [agent] timeout_sec, [verifier] timeout_sec, [environment] (cpus,
+                     memory_mb, storage_mb, allow_internet, ...)
+    instruction.md
+    environment/Dockerfile   (build context: environment/)
+    tests/test.sh    copied into /tests after the agent finishes; writes /logs/verifier/reward.txt
+                     (one number) or reward.json ({"reward": x}); without one, its exit status decides
+    solution/solve.sh
+
+A task set is a folder of task folders or a jsonl index whose rows name task folders (`path`,
+relative to the index) and may override `instruction`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+TB1_AGENT_TIMEOUT_S, TB1_TEST_TIMEOUT_S = 360.0, 60.0
+HARBOR_AGENT_TIMEOUT_S, HARBOR_TEST_TIMEOUT_S = 600.0, 600.0
+
+
+class TaskFormatError(ValueError):
+    """A task folder that does not follow its layout; the message names the file."""
+
+
+@dataclass
+class DockerfileSetup:
+    """What a sandbox without an image builder honours of a Dockerfile: WORKDIR, COPY/ADD, ENV.
+    RUN lines and the base image need a builder (podman); elsewhere they are skipped and listed."""
+
+    image: str | None = None
+    workdir: str | None = None        # None: the Dockerfile sets none (the sandbox's working_dir applies)
+    copies: list[tuple[Path, str]] = field(default_factory=list)   # (host source, absolute target)
+    env: dict[str, str] = field(default_factory=dict)
+    run: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)                # instructions honoured nowhere here
+
+
+@dataclass
+class TerminalTask:
+    name: str
+    folder: Path
+    layout: str                       # "terminal-bench" or "harbor"
+    instruction: str
+    agent_timeout_s: float
+    test_timeout_s: float
+    setup: DockerfileSetup
+    tests: list[tuple[Path, str]]     # copied read-only into /tests after the agent finishes
+    test_command: str
+    solution: Path | None             # copied to /solution for the oracle only
+    dockerfile: Path | None
+    metadata: dict = field(default_factory=dict)
+
+
+
+def _logical_lines(text: str) -> list[str]:
+    lines, current = [], ""
+    for raw in text.splitlines():
+        stripped = raw.strip()
+        if not current and (not stripped or stripped.startswith("#")):
+            continue
+        if stripped.endswith("\\"):
+            current += stripped[:-1] + " "
+            continue
+        lines.append((current + stripped).strip())
+        current = ""
+    if current.strip():
+        lines.append(current.strip())
+    return lines
+
+
+def _arguments(rest: str) -> list[str]:
+    rest = rest.strip()
+    if rest.startswith("["):
+        try:
+            return [str(item) for item in json.loads(rest)]
+        except json.JSONDecodeError:
+            pass
+    return shlex.split(rest)
+
+
+def _env_pairs(rest: str) -> dict[str, str]:
+    parts = shlex.split(rest)
+    if parts and "=" not in parts[0]:            # legacy form: ENV KEY value with spaces
+        return {parts[0]: " ".join(parts[1:])}
+    return dict(part.split("=", 1) for part in parts if "=" in part)
+
+
+def _expand(value: str, env: dict[str, str]) -> str:
+    return re.sub(r"\$\{?(\w+)\}?", lambda m: env.get(m.group(1), m.group(0)), value)
+
+
+def parse_dockerfile(path: Path, context: Path) -> DockerfileSetup:
+    setup = DockerfileSetup()
+    for line in _logical_lines(path.read_text()):
+        instruction, _, rest = line.partition(" ")
+        keyword = instruction.upper()
+        if keyword == "FROM":
+            setup.image = rest.split()[0] if rest.split() else None
+        elif keyword == "WORKDIR":
+            target = _expand(rest.strip(), setup.env)
+            setup.workdir = target if target.startswith("/") else str(Path(setup.workdir or "/", target))
+        elif keyword == "ENV":
+            setup.env.update({k: _expand(v, setup.env) for k, v in _env_pairs(rest).items()})
+        elif keyword in ("COPY", "ADD"):
+            args = [a for a in _arguments(rest) if not a.startswith("--")]
+            flags = [a for a in _arguments(rest) if a.startswith("--from")]
+            if flags or len(args) < 2:
+                setup.ignored.append(line)
+                continue
+            *sources, target = args
+            if not target.startswith("/"):
+                target = str(Path(setup.workdir or "/", target)) + ("/" if target.endswith("/") else "")
+            for source in sources:
+                matches = sorted(context.glob(source)) if any(c in source for c in "*?[") else [context / source]
+                for match in matches:
+                    if not match.exists():
+                        raise TaskFormatError(f"{path}: {keyword} source {source!r} does not exist in {context}")
+                    into_folder = target.endswith("/") or len(sources) > 1 or len(matches) > 1
+                    destination = (target.rstrip("/") + "/" + match.name) if into_folder and match.is_file() else target.rstrip("/") or "/"
+                    setup.copies.append((match, destination))
+        elif keyword == "RUN":
+            setup.run.append(rest)
+        elif keyword in ("CMD", "ENTRYPOINT", "LABEL", "EXPOSE", "ARG", "SHELL", "USER", "VOLUME", "HEALTHCHECK",
+                         "STOPSIGNAL", "ONBUILD", "MAINTAINER"):
+            setup.ignored.append(line)
+        else:
+            raise TaskFormatError(f"{path}: unknown Dockerfile instruction {instruction!r}")
+    return setup
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise TaskFormatError(f"{path}: not valid YAML ({err})") from None
+    if not isinstance(data, dict):
+        raise TaskFormatError(f"{path}: expected a mapping at the top level")
+    return data
+
+
+def _load_tb1(folder: Path) -> TerminalTask:
+    meta = _read_yaml(folder / "task.yaml")
+    for key in ("instruction",):
+        if not isinstance(meta.get(key), str) or not meta[key].strip():
+            raise TaskFormatError(f"{folder / 'task.yaml'}: `{key}` is required (a non-empty string)")
+    parser = meta.get("parser_name", "pytest")
+    if parser != "pytest":
+        raise TaskFormatError(f"{folder / 'task.yaml'}: parser_name {parser!r} is not supported (pytest only)")
+    run_tests = folder / "run-tests.sh"
+    if not run_tests.is_file():
+        raise TaskFormatError(f"{folder}: run-tests.sh is missing")
+    tests = [(run_tests, "/tests/run-tests.sh")]
+    if (folder / "tests").is_dir():
+        tests += [(path, "/tests/" + path.name) for path in sorted((folder / "tests").iterdir())]
+    solution = next((p for p in (folder / "solution.sh", folder / "solution.yaml") if p.is_file()), None)
+    dockerfile = folder / "Dockerfile"
+    setup = parse_dockerfile(dockerfile, folder) if dockerfile.is_file() else DockerfileSetup()
+    return TerminalTask(
+        name=folder.name, folder=folder, layout="terminal-bench", instruction=meta["instruction"].strip(),
+        agent_timeout_s=float(meta.get("max_agent_timeout_sec", TB1_AGENT_TIMEOUT_S)),
+        test_timeout_s=float(meta.get("max_test_timeout_sec", TB1_TEST_TIMEOUT_S)),
+        setup=setup, tests=tests, test_command="bash /tests/run-tests.sh", solution=solution,
+        dockerfile=dockerfile if dockerfile.is_file() else None,
+        metadata={k: meta[k] for k in ("difficulty", "category", "tags", "author_name") if k in meta})
+
+
+def _load_harbor(folder: Path) -> TerminalTask:
+    path = folder / "task.toml"
+    try:
+        meta = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise TaskFormatError(f"{path}: not valid TOML ({err})") from None
+    instruction_file = folder / "instruction.md"
+    if not instruction_file.is_file() or not instruction_file.read_text().strip():
+        raise TaskFormatError(f"{folder}: instruction.md is missing or empty")
+    test_sh = folder / "tests" / "test.sh"
+    if not test_sh.is_file():
+        raise TaskFormatError(f"{folder}: tests/test.sh is missing")
+    tests = [(p, "/tests/" + p.name) for p in sorted((folder / "tests").iterdir())]
+    environment = folder / "environment"
+    dockerfile = environment / "Dockerfile"
+    setup = parse_dockerfile(dockerfile, environment) if dockerfile.is_file() else DockerfileSetup()
+    solution = folder / "solution" / "solve.sh"
+    return TerminalTask(
+        name=folder.name, folder=folder, layout="harbor", instruction=instruction_file.read_text().strip(),
+        agent_timeout_s=float(meta.get("agent", {}).get("timeout_sec", HARBOR_AGENT_TIMEOUT_S)),
+        test_timeout_s=float(meta.get("verifier", {}).get("timeout_sec", HARBOR_TEST_TIMEOUT_S)),
+        setup=setup, tests=tests, test_command="bash /tests/test.sh",
+        solution=solution if solution.is_file() else None, dockerfile=dockerfile if dockerfile.is_file() else None,
+        metadata={**meta.get("metadata", {}), "environment": meta.get("environment", {})})
+
+
+def load_task(folder: str | Path) -> TerminalTask:
+    folder = Path(folder)
+    if (folder / "task.yaml").is_file():
+        return _load_tb1(folder)
+    if (folder / "task.toml").is_file():
+        return _load_harbor(folder)
+    raise TaskFormatError(f"{folder}: neither task.yaml (Terminal-Bench) nor task.toml (Harbor) is there")
+
+
+def load_tasks(source: str | Path) -> list[TerminalTask]:
+    """Every task of a folder of task folders, or of a jsonl index (rows: {"path": ..., "instruction"?})."""
+    source = Path(source)
+    if source.is_file() and source.suffix == ".jsonl":
+        tasks = []
+        for number, line in enumerate(source.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise TaskFormatError(f"{source}:{number}: not valid JSON ({err.msg})") from None
+            if not isinstance(row, dict) or not isinstance(row.get("path"), str):
+                raise TaskFormatError(f"{source}:{number}: each row needs a `path` to a task folder")
+            task = load_task((source.parent / row["path"]).resolve())
+            if row.get("instruction"):
+                task.instruction = str(row["instruction"])
+            tasks.append(task)
+        return tasks
+    if not source.is_dir():
+        raise TaskFormatError(f"{source}: no such task folder or jsonl index")
+    if (source / "task.yaml").is_file() or (source / "task.toml").is_file():
+        return [load_task(source)]
+    folders = [p for p in sorted(source.iterdir()) if (p / "task.yaml").is_file() or (p / "task.toml").is_file()]
+    if not folders:
+        raise TaskFormatError(f"{source}: no task folders (with task.yaml or task.toml) inside")
+    return [load_task(folder) for folder in folders]

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+wc -l < data.txt | tr -d ' ' > count.txt

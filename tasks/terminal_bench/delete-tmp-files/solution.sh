@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+find work -name '*.tmp' -type f -delete

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+ls -S logs | head -n 1 > largest.txt

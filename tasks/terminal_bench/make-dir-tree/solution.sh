@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+mkdir -p project/src project/tests project/docs && touch project/README.md

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+chmod +x run.sh && ./run.sh

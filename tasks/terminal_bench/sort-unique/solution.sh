@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+sort -u names.txt > unique.txt

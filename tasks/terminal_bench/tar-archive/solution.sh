@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+tar czf docs.tar.gz docs

@@ -1,0 +1,142 @@
+"""Terminal tasks in both published layouts, their trials in a real bubblewrap sandbox, and
+`dockyard env check` on the shipped task set."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dockyard.config.schema.env import SandboxConfig
+from dockyard.envs.terminal_tasks import TaskFormatError, load_task, load_tasks, parse_dockerfile
+from dockyard.envs.terminal_trial import noop_agent, oracle_agent, pytest_resolved, run_trial
+from dockyard.sandboxes.bubblewrap import bwrap_path
+from dockyard.sandboxes.factory import SandboxFactory
+from tests.conftest import REPO
+
+SHIPPED = REPO / "tasks" / "terminal_bench"
+needs_bwrap = pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap is not installed (tools/install.sh)")
+
+
+@pytest.fixture
+def factory():
+    return SandboxFactory(SandboxConfig(type="bubblewrap", command_exec_timeout_s=30, max_concurrent=4))
+
+
+def test_both_layouts_load_from_the_shipped_set():
+    tasks = {task.name: task for task in load_tasks(SHIPPED)}
+    assert len(tasks) >= 18 and {t.layout for t in tasks.values()} == {"terminal-bench", "harbor"}
+    tb1 = tasks["count-lines"]
+    assert tb1.instruction.startswith("Count the lines of data.txt")
+    assert (tb1.agent_timeout_s, tb1.test_timeout_s) == (180.0, 60.0)
+    assert tb1.setup.workdir == "/app" and tb1.setup.copies == [(SHIPPED / "count-lines" / "files", "/app")]
+    assert tb1.test_command == "bash /tests/run-tests.sh"
+    assert ("/tests/run-tests.sh", "/tests/test_outputs.py") == tuple(t for _, t in tb1.tests)
+    harbor = tasks["word-frequency"]
+    assert harbor.layout == "harbor" and harbor.test_command == "bash /tests/test.sh"
+    assert harbor.setup.copies == [(SHIPPED / "word-frequency" / "environment" / "story.txt", "/app/story.txt")]
+    assert harbor.solution == SHIPPED / "word-frequency" / "solution" / "solve.sh"
+    assert harbor.metadata["environment"]["allow_internet"] is False
+
+
+def test_dockerfile_lines_a_sandbox_honours(tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.py").write_text("")
+    (tmp_path / "b.txt").write_text("")
+    (tmp_path / "Dockerfile").write_text(
+        "FROM python:3.13\n# a comment\nWORKDIR /srv\nWORKDIR app\nENV A=1 B=\"two words\"\nENV LEGACY value with spaces\n"
+        "COPY src/ ./code/\nCOPY [\"b.txt\", \"/data/\"]\nADD b.txt renamed.txt\nRUN apt-get update && \\\n    apt-get install -y jq\n"
+        "COPY --from=builder /x /y\nCMD [\"bash\"]\n")
+    setup = parse_dockerfile(tmp_path / "Dockerfile", tmp_path)
+    assert setup.image == "python:3.13" and setup.workdir == "/srv/app"
+    assert setup.env == {"A": "1", "B": "two words", "LEGACY": "value with spaces"}
+    assert setup.copies == [(tmp_path / "src", "/srv/app/code"), (tmp_path / "b.txt", "/data/b.txt"),
+                            (tmp_path / "b.txt", "/srv/app/renamed.txt")]
+    assert setup.run == ["apt-get update &&  apt-get install -y jq"]
+    assert [line.split()[0] for line in setup.ignored] == ["COPY", "CMD"]
+    (tmp_path / "Dockerfile").write_text("FROM x\nCOPY missing.txt /a\n")
+    with pytest.raises(TaskFormatError, match="Dockerfile: COPY source 'missing.txt' does not exist"):
+        parse_dockerfile(tmp_path / "Dockerfile", tmp_path)
+    (tmp_path / "Dockerfile").write_text("FROM x\nFROBNICATE y\n")
+    with pytest.raises(TaskFormatError, match="unknown Dockerfile instruction 'FROBNICATE'"):
+        parse_dockerfile(tmp_path / "Dockerfile", tmp_path)
+
+
+def test_broken_task_folders_and_indexes_are_named(tmp_path):
+    task = tmp_path / "t1"
+    shutil.copytree(SHIPPED / "hello-file", task)
+    (task / "task.yaml").write_text("difficulty: easy\n")
+    with pytest.raises(TaskFormatError, match=r"t1/task.yaml: `instruction` is required"):
+        load_task(task)
+    (task / "task.yaml").write_text("instruction: [unclosed\n")
+    with pytest.raises(TaskFormatError, match="t1/task.yaml: not valid YAML"):
+        load_task(task)
+    with pytest.raises(TaskFormatError, match="neither task.yaml"):
+        load_task(tmp_path)
+    index = tmp_path / "tasks.jsonl"
+    index.write_text(json.dumps({"path": str(SHIPPED / "hello-file"), "instruction": "Say hello in hello.txt."})
+                     + "\n{broken\n")
+    with pytest.raises(TaskFormatError, match=r"tasks.jsonl:2: not valid JSON"):
+        load_tasks(index)
+    index.write_text(json.dumps({"path": str(SHIPPED / "hello-file"), "instruction": "Say hello in hello.txt."}) + "\n")
+    [loaded] = load_tasks(index)
+    assert loaded.name == "hello-file" and loaded.instruction == "Say hello in hello.txt."
+
+
+def test_the_pytest_summary_decides_terminal_bench_tasks():
+    assert pytest_resolved("PASSED t.py::a\nPASSED t.py::b\n") == (True, "2 tests passed")
+    assert pytest_resolved("PASSED t.py::a\nFAILED t.py::b - assert\n")[0] is False
+    assert pytest_resolved("ERROR t.py - ImportError\n")[0] is False
+    assert pytest_resolved("no tests ran")[0] is False
+
+
+@needs_bwrap
+def test_oracle_solves_and_noop_fails_a_task_of_each_layout(factory):
+    for name in ("sum-column", "git-commit", "csv-to-json", "word-frequency"):
+        task = load_task(SHIPPED / name)
+        solved = run_trial(task, factory.create, oracle_agent)
+        assert solved.error is None and solved.reward == 1.0, solved.test_output
+        untouched = run_trial(task, factory.create, noop_agent)
+        assert untouched.error is None and untouched.reward == 0.0, untouched.test_output
+    partial = run_trial(load_task(SHIPPED / "csv-to-json"), factory.create,
+                        lambda task, box: box.run("echo '[{\"name\": \"Ada\"}]' > people.json").output)
+    assert partial.reward == pytest.approx(1 / 3)   # Harbor's reward.json: partial credit
+
+
+@needs_bwrap
+def test_an_agent_cannot_plant_a_reward_or_see_the_tests(factory):
+    task = load_task(SHIPPED / "word-frequency")
+
+    def cheat(task, box):
+        seen = box.run("ls /tests /solution; mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt; "
+                       "echo 1 > reward.txt").output
+        assert "No such file or directory" in seen and "Read-only file system" in seen
+        return seen
+
+    result = run_trial(task, factory.create, cheat)
+    assert result.reward == 0.0 and result.error is None
+    assert any("base image ubuntu:24.04 not used" in note for note in result.notes)
+
+
+@needs_bwrap
+def test_env_check_passes_the_shipped_set_and_names_a_broken_task(tmp_path):
+    def check(agent, tasks):
+        return subprocess.run([sys.executable, "-m", "dockyard.cli", "env", "check", "--config", "grpo_terminal_bench.yaml",
+                               "--tasks", str(tasks), "--agent", agent, "env.sandbox.type=bubblewrap",
+                               "env.sandbox.image=null", "env.num_workers=2"],
+                              capture_output=True, text=True, timeout=600, cwd=REPO)
+
+    for agent, mean in (("oracle", "1.00"), ("noop", "0.00")):
+        result = check(agent, SHIPPED)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert f"mean reward {mean} over" in result.stdout and "BROKEN" not in result.stdout
+    broken = tmp_path / "tasks"
+    shutil.copytree(SHIPPED / "hello-file", broken / "always-passes")
+    (broken / "always-passes" / "tests" / "test_outputs.py").write_text("def test_nothing():\n    assert True\n")
+    result = check("noop", broken)
+    assert result.returncode == 1
+    assert "BROKEN always-passes: the noop agent got reward 1.00, expected 0" in result.stdout
+    result = check("oracle", tmp_path / "nowhere")
+    assert result.returncode == 2 and "no such task folder" in result.stderr and "Traceback" not in result.stderr
