@@ -110,6 +110,26 @@ def cmd_env_check(ns: argparse.Namespace) -> int:
     return check(loaded.config, ns.tasks, ns.agent)
 
 
+def cmd_env_index(ns: argparse.Namespace) -> int:
+    import json
+
+    from dockyard.envs.terminal_tasks import TaskFormatError, index_rows
+
+    out = Path(ns.out) if ns.out else None
+    try:
+        rows = index_rows(ns.folder, out.parent if out else Path.cwd())
+    except TaskFormatError as err:
+        print(f"dockyard env index: {err}", file=sys.stderr)
+        return EXIT_CONFIG
+    text = "".join(json.dumps(row) + "\n" for row in rows)
+    if out:
+        out.write_text(text)
+        print(f"wrote {len(rows)} tasks to {out}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="config file (a path, or a name from the config family)")
     parser.add_argument("--config-dir", action="append", default=[], metavar="DIR",
@@ -142,6 +162,11 @@ def build_parser() -> argparse.ArgumentParser:
     env_check.add_argument("--agent", choices=["oracle", "noop"], default="oracle")
     env_check.add_argument("overrides", nargs="*", metavar="OVERRIDE", help="Hydra overrides")
     env_check.set_defaults(func=cmd_env_check)
+    env_index = env.add_parser("index", help="write the jsonl dataset rows (instruction, task.path) of a folder of "
+                               "terminal tasks, for data.datasets[].path")
+    env_index.add_argument("folder")
+    env_index.add_argument("--out", metavar="FILE", help="write here (paths relative to it); default: stdout")
+    env_index.set_defaults(func=cmd_env_index)
 
     listing = sub.add_parser("list", help="print the component catalog by kind")
     listing.add_argument("kind", nargs="?", help="only this kind")

@@ -94,6 +94,7 @@ class Prompt:
     label: Any
     metadata: dict[str, Any]
     source: str         # dataset name, for per-dataset metrics
+    source_file: str | None = None   # the dataset's file, which rows may name files relative to
 
 
 def load_prompts(config: DatasetConfig) -> list[Prompt]:
@@ -128,7 +129,8 @@ def load_prompts(config: DatasetConfig) -> list[Prompt]:
         text = row[input_key]
         if config.max_prompt_chars is not None and len(str(text)) > config.max_prompt_chars:
             continue
-        prompts.append(Prompt(text, row.get(label_key) if label_key else None, metadata, config.name))
+        prompts.append(Prompt(text, row.get(label_key) if label_key else None, metadata, config.name,
+                              None if config.generator is not None else str(split_row_slice(config.path)[0])))
     if not prompts:
         raise DatasetError(f"dataset {config.name!r} has no rows left after filtering")
     return prompts

@@ -19,8 +19,8 @@ Harbor / Terminal-Bench 2 (a task folder):
                      (one number) or reward.json ({"reward": x}); without one, its exit status decides
     solution/solve.sh
 
-A task set is a folder of task folders or a jsonl index whose rows name task folders (`path`,
-relative to the index) and may override `instruction`.
+A task set is a folder of task folders or a jsonl index whose rows name task folders (`path`, or
+`task.path`, relative to the index: the rows a training dataset reads) and may override `instruction`.
 """
 
 from __future__ import annotations
@@ -231,9 +231,13 @@ def load_tasks(source: str | Path) -> list[TerminalTask]:
                 row = json.loads(line)
             except json.JSONDecodeError as err:
                 raise TaskFormatError(f"{source}:{number}: not valid JSON ({err.msg})") from None
-            if not isinstance(row, dict) or not isinstance(row.get("path"), str):
-                raise TaskFormatError(f"{source}:{number}: each row needs a `path` to a task folder")
-            task = load_task((source.parent / row["path"]).resolve())
+            path = row.get("path") if isinstance(row, dict) else None
+            if path is None and isinstance(row, dict) and isinstance(row.get("task"), dict):
+                path = row["task"].get("path")
+            if not isinstance(path, str):
+                raise TaskFormatError(f"{source}:{number}: each row needs the `path` of a task folder "
+                                      "(at the top level or under `task`)")
+            task = load_task((source.parent / path).resolve())
             if row.get("instruction"):
                 task.instruction = str(row["instruction"])
             tasks.append(task)
@@ -246,3 +250,17 @@ def load_tasks(source: str | Path) -> list[TerminalTask]:
     if not folders:
         raise TaskFormatError(f"{source}: no task folders (with task.yaml or task.toml) inside")
     return [load_task(folder) for folder in folders]
+
+
+def index_rows(folder: str | Path, relative_to: str | Path) -> list[dict]:
+    """Dataset rows for every task under `folder`: {"instruction", "task": {"path", "name"}}."""
+    base = Path(relative_to).resolve()
+    rows = []
+    for task in load_tasks(folder):
+        path = Path(task.folder).resolve()
+        try:
+            shown = str(path.relative_to(base))
+        except ValueError:
+            shown = str(path)
+        rows.append({"instruction": task.instruction, "task": {"path": shown, "name": task.name}})
+    return rows

@@ -39,6 +39,7 @@ from dockyard.algorithms.reward_transforms import sequence_kl
 from dockyard.io.checkpoint import (CheckpointLoadError, CheckpointManager, load_model_weights, rng_state,
                                    set_rng_state)
 from dockyard.loop import stopping
+from dockyard.loop.agent_rollouts import AgentRolloutCollector
 from dockyard.loop.rollouts import RolloutCollector
 from dockyard.loop.safeguarding import apply_safeguards, enabled_safeguards
 from dockyard.loop.stopping import RunStopped
@@ -133,11 +134,21 @@ class GRPOTrainer:
             held_out = {str(p.input) for p in self.validation}
             self.loaders = [PromptLoader(_without(load_prompts(d), held_out, d.name), d.shuffle, cfg.policy.seed)
                             for d in cfg.data.datasets]
+            chat = cfg.policy.generation.chat_template
+            self.chat_template = Path(chat.path).read_text() if chat.path else None
             temperature = cfg.policy.generation.temperature
-            self.collector = RolloutCollector(
-                cfg, self.env, self.loaders, generate=self._generate, prompt_ids=self._prompt_ids,
-                sampling=lambda lengths, n, seed: self._sampling(lengths, n, temperature, seed),
-                decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True), timer=self.timer)
+            decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)   # noqa: E731
+            sampling = lambda lengths, n, seed, t=None: self._sampling(   # noqa: E731
+                lengths, n, temperature if t is None else t, seed)
+            if cfg.env.agent is not None:   # multi-turn episodes (agent_rollouts.py)
+                self.collector = AgentRolloutCollector(
+                    cfg, self.env, self.loaders, generate=self._generate, sampling=sampling, decode=decode,
+                    tokenizer=self.tokenizer, chat_template=self.chat_template,
+                    template_kwargs=chat.generation_prompt_kwargs, timer=self.timer)
+            else:
+                self.collector = RolloutCollector(cfg, self.env, self.loaders, generate=self._generate,
+                                                  prompt_ids=self._prompt_ids, sampling=sampling, decode=decode,
+                                                  timer=self.timer)
             self.client = self._fleet(replicas)
             self.weights_out = FleetRefit(
                 self.client.replicas, [urlparse(r["url"]).hostname or "" for r in replicas],
@@ -145,8 +156,6 @@ class GRPOTrainer:
                 # the address the servers reach trainer rank 0 at (its node name under Slurm)
                 os.environ.get("DOCKYARD_WEIGHT_SYNC_ADDR", "127.0.0.1"), weight_sync_port,
                 backend=backend_for(device), log=log_stderr)
-            chat = cfg.policy.generation.chat_template
-            self.chat_template = Path(chat.path).read_text() if chat.path else None
         self.engine_is_current = False
         self.engine_seconds = 0.0
         self.stopper: stopping.StopRequests | None = None
@@ -227,6 +236,7 @@ class GRPOTrainer:
         """The step's training groups (flat, groups consecutive), their rewards and the sampling metrics."""
         self.engine_seconds = 0.0
         served = list(self.client.groups_served)
+        self.collector.step = step
         groups, metrics = self.collector.collect(self.cfg.policy.seed * 1_000_003 + step)
         if len(served) > 1:
             for index, (before, after) in enumerate(zip(served, self.client.groups_served)):
@@ -267,11 +277,9 @@ class GRPOTrainer:
         self.refit()
         if not self.world.is_main:
             return {}
-        prompt_ids = [self._prompt_ids(p) for p in self.validation]
-        params = self._sampling([len(p) for p in prompt_ids], 1, 0.0, 0)
         self.generating = True
         try:
-            completions = self.client.generate(prompt_ids, params)
+            results = self.collector.evaluate(self.validation, 0.0)
         except GenerationServerError:
             if self.stopper is not None and self.stopper.requested:
                 return {}
@@ -280,17 +288,15 @@ class GRPOTrainer:
             self.generating = False
         if self.stopper is not None and self.stopper.requested:
             return {}   # aborted for a stop: partial answers are no accuracy figure
-        answers = [self.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in completions]
-        rewards = [self.env.score(text, self.validation[c.prompt_index]) for text, c in zip(answers, completions)]
-        self._write_validation_answers(step, completions, answers, rewards)
+        rewards = [reward for _, reward in results]
+        self._write_validation_answers(step, results)
         return {"val/accuracy": sum(r >= 1.0 for r in rewards) / len(rewards), "val/reward": sum(rewards) / len(rewards)}
 
-    def _write_validation_answers(self, step: int, completions, answers: list[str], rewards: list[float]) -> None:
+    def _write_validation_answers(self, step: int, results: list[tuple[str, float]]) -> None:
         folder = Path(self.cfg.logger.log_dir) / "validation"
         folder.mkdir(parents=True, exist_ok=True)
         with open(folder / f"step_{step}.jsonl", "w", encoding="utf-8") as out:
-            for completion, answer, reward in zip(completions, answers, rewards):
-                prompt = self.validation[completion.prompt_index]
+            for prompt, (answer, reward) in zip(self.validation, results):
                 out.write(json.dumps({"prompt": prompt.input, "label": prompt.label, "response": answer,
                                       "reward": reward}, default=str) + "\n")
 

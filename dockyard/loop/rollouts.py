@@ -162,6 +162,16 @@ class RolloutCollector:
             print(f"  sample (reward {t.reward:g}{', FAILED' if t.status == FAILED else ''}): "
                   f"{str(prompt.input)[:200]!r} -> {text[:300]!r} (label {prompt.label!r})", file=sys.stderr, flush=True)
 
+    def evaluate(self, prompts: list[Prompt], temperature: float) -> list[tuple[str, float]]:
+        """One answer per prompt at `temperature` (validation): (the answer's text, reward) each."""
+        ids = [self.prompt_ids(p) for p in prompts]
+        completions = self.generate(ids, self.sampling([len(i) for i in ids], 1, 0, temperature))
+        results: list[tuple[str, float]] = [("", 0.0)] * len(prompts)
+        for completion in completions:
+            text = self.decode(completion.token_ids)
+            results[completion.prompt_index] = (text, float(self.env.score(text, prompts[completion.prompt_index])))
+        return results
+
     # --- the step -----------------------------------------------------------------------------
 
     def collect(self, seed: int) -> tuple[list[Group], dict[str, float]]:
@@ -201,7 +211,9 @@ class RolloutCollector:
                    "sampling/invalid_actions": float(sum(not t.action_valid for t in every))}
         for name, count in dropped.items():
             metrics[f"sampling/dropped_{name}"] = float(count)
-        lengths = [t.sample.response_length for t in every]
+        # sampled tokens only: a multi-turn trajectory's observations (loss mask 0) were not generated
+        lengths = [sum(t.sample.loss_mask) if t.sample.loss_mask is not None else t.sample.response_length
+                   for t in every]
         metrics["gen/mean_response_tokens"] = sum(lengths) / len(lengths)
         metrics["gen/generated_tokens"] = float(sum(lengths))
         metrics["gen/truncated_fraction"] = sum(t.finish_reason == "length" for t in every) / len(every)

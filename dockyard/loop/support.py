@@ -26,7 +26,6 @@ def _features(cfg: MasterConfig) -> list[tuple[str, bool]]:
     return [
         ("grpo.async_grpo.enabled", grpo.async_grpo.enabled),
         ("grpo.skip_prev_logprobs", grpo.skip_prev_logprobs),
-        ("grpo.max_rollout_turns", grpo.max_rollout_turns > 1),
         ("grpo.run_mode", grpo.run_mode != "default"),
         ("policy.lora.enabled", cfg.policy.lora.enabled),
         ("policy.dtensor_cfg.tensor_parallel_size", cfg.policy.dtensor_cfg.tensor_parallel_size > 1),
@@ -54,7 +53,28 @@ def unsupported(cfg: MasterConfig) -> list[Problem]:
         problems.append(Problem("policy.generation.allow_multimodal_inputs", "the GRPO loop does not train on "
                                 "image inputs yet: its datasets carry no images and the policy's logprobs "
                                 "would ignore them; turn it off"))
+    problems += _agent_setup(cfg) if not problems else []
     return problems
+
+
+def _agent_setup(cfg: MasterConfig) -> list[Problem]:
+    """The environment, its agent and its sandbox fit together (checked before anything starts)."""
+    env = cfg.env
+    multi_turn = getattr(registry.get("environment", env.name).factory, "multi_turn", False)
+    if multi_turn and env.agent is None:
+        return [Problem("env.agent", f"environment {env.name!r} is multi-turn; it needs an agent (tool_calling)")]
+    if not multi_turn and env.agent is not None:
+        return [Problem("env.agent", f"environment {env.name!r} is single-turn; set env.agent to null")]
+    if env.sandbox is not None:
+        from dockyard.sandboxes.base import SandboxError
+        from dockyard.sandboxes.factory import SandboxFactory
+
+        try:
+            SandboxFactory(env.sandbox)
+        except SandboxError as err:
+            path, _, message = str(err).partition(": ")
+            return [Problem(path if path.startswith("env.") else "env.sandbox", message or str(err))]
+    return []
 
 
 def local_shape(cfg: MasterConfig) -> list[Problem]:

@@ -1,0 +1,108 @@
+"""`terminal_bench`: multi-turn shell tasks in a sandbox, scored by each task's own tests.
+
+A dataset row is a task: its instruction (the prompt) and, under the metadata key, `path`: the
+task folder (Terminal-Bench or Harbor layout, see terminal_tasks.py), relative to the dataset file.
+`dockyard env index DIR` writes such a jsonl for a folder of tasks.
+
+An episode: a sandbox built from the task's Dockerfile (WORKDIR, COPY, ENV), one persistent shell in
+it (the agent's terminal), the agent's `bash` calls run there with their own timeout (at most
+env.sandbox.command_exec_timeout_s), and at the end the task's tests (terminal_trial.verify). The
+agent's time is the task's max_agent_timeout_sec, at most env.task_timeout_s.
+
+Extra env keys: `tool_format` (auto | hermes | plain, see dockyard/agents/tool_format.py) and
+`max_output_chars` (how much of a command's output the model sees; 4000).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from dockyard.agents.tool_format import TERMINAL_TOOLS, Action
+from dockyard.config.schema.env import EnvConfig, SandboxConfig
+from dockyard.data.datasets import Prompt
+from dockyard.envs.terminal_tasks import TaskFormatError, TerminalTask, load_task
+from dockyard.envs.terminal_trial import sandbox_spec, setup_notes, verify
+from dockyard.sandboxes.base import Sandbox, SandboxError
+from dockyard.sandboxes.factory import SandboxFactory
+
+KNOWN_EXTRA = {"tool_format", "max_output_chars"}
+
+
+class TerminalBenchEnvironment:
+    """Terminal tasks for a multi-turn agent (env.agent: tool_calling)."""
+
+    multi_turn = True
+    tools = TERMINAL_TOOLS
+
+    def __init__(self, config: EnvConfig):
+        extra = dict(config.model_extra or {})
+        unknown = sorted(set(extra) - KNOWN_EXTRA)
+        if unknown:
+            raise ValueError(f"env.{unknown[0]}: not a terminal_bench setting (known: {', '.join(sorted(KNOWN_EXTRA))})")
+        self.config = config
+        self.tool_format = str(extra.get("tool_format", "auto"))
+        self.max_output_chars = int(extra.get("max_output_chars", 4000))
+        self.sandboxes = SandboxFactory(config.sandbox or SandboxConfig())
+        self._tasks: dict[Path, TerminalTask] = {}
+        self._lock = threading.Lock()
+
+    def task_for(self, prompt: Prompt) -> TerminalTask:
+        path = prompt.metadata.get("path")
+        if not isinstance(path, str):
+            raise TaskFormatError(f"dataset {prompt.source!r}: a terminal_bench row needs its task folder as `path` "
+                                  "in its metadata (data.datasets[].metadata_key)")
+        folder = Path(path)
+        if not folder.is_absolute() and prompt.source_file:
+            folder = Path(prompt.source_file).parent / folder
+        folder = folder.resolve()
+        with self._lock:
+            if folder not in self._tasks:
+                self._tasks[folder] = load_task(folder)
+            return self._tasks[folder]
+
+    def open(self, prompt: Prompt) -> "TerminalEpisode":
+        return TerminalEpisode(self, self.task_for(prompt))
+
+
+class TerminalEpisode:
+    def __init__(self, env: TerminalBenchEnvironment, task: TerminalTask):
+        self.env, self.task = env, task
+        self.sandbox: Sandbox = env.sandboxes.create(sandbox_spec(task))
+        self.shell = self.sandbox.shell()
+        self.notes = setup_notes(task, builds_images=False)
+        self.deadline = time.monotonic() + min(task.agent_timeout_s, env.config.task_timeout_s)
+        self.events: list[dict] = []
+
+    @property
+    def out_of_time(self) -> bool:
+        return time.monotonic() >= self.deadline
+
+    def execute(self, action: Action) -> str:
+        """Run a bash call in the agent's shell; the text the model sees (output, exit status)."""
+        limit = self.env.sandboxes.limits.command_timeout_s
+        timeout = min(float(action.arguments.get("timeout", limit)), limit, max(self.deadline - time.monotonic(), 1.0))
+        try:
+            result = self.shell.run(action.arguments["command"], timeout_s=timeout)
+        except SandboxError as err:
+            raise RuntimeError(f"task {self.task.name}: {err}") from None
+        output = result.output
+        cap = self.env.max_output_chars
+        if len(output) > cap:
+            output = output[:cap // 2] + f"\n[... {len(output) - cap} characters left out ...]\n" + output[-cap // 2:]
+        status = "timed out" if result.timed_out else f"exit status {result.exit_code}"
+        self.events.append({"command": action.arguments["command"], "exit_code": result.exit_code,
+                            "timed_out": result.timed_out, "seconds": round(result.seconds, 3),
+                            "output": output})
+        return f"{output}\n[{status}]" if output else f"[{status}]"
+
+    def finish(self) -> float:
+        """Close the agent's shell and run the task's tests: the reward."""
+        self.shell.close()
+        reward, test_output = verify(self.task, self.sandbox)
+        self.events.append({"tests": test_output[-4000:], "reward": reward})
+        return reward
+
+    def close(self) -> None:
+        self.sandbox.destroy()

@@ -1,0 +1,32 @@
+"""`dockyard run` of the multi-turn terminal preset end to end: the agent collector inside the GRPO
+loop, sandboxes, the tasks' tests, training on masked multi-turn samples, trajectory dumps."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from dockyard.sandboxes.bubblewrap import bwrap_path
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap is not installed (tools/install.sh)")
+
+
+def test_the_terminal_preset_trains_a_step_on_multi_turn_episodes(tiny_model, tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "dockyard.cli", "run", "--config", "grpo_terminal_bench_local.yaml",
+         f"models_dir={tiny_model.parent}", f"policy.model_name={tiny_model}",
+         f"data.datasets.0.path={REPO / 'tasks' / 'terminal_bench' / 'tasks.jsonl'}",
+         "policy.max_total_sequence_length=512", "policy.generation.max_new_tokens=24", "grpo.max_rollout_turns=2",
+         "grpo.max_num_steps=1", "grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=2",
+         "policy.train_global_batch_size=4", "policy.dynamic_batching.enabled=false", "checkpointing.enabled=false"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run = tmp_path / "runs" / "grpo_terminal_bench_local"
+    [metrics] = [json.loads(line) for line in (run / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert metrics["step"] == 1 and metrics["train/kept_fraction"] == 1.0 and "train/loss" in metrics
+    records = [json.loads(line) for line in (run / "trajectories" / "train_step_1.jsonl").read_text().splitlines()]
+    assert len(records) == 4
+    assert all(r["error"] is None and r["turns"] and "tests" in r["sandbox_events"][-1] for r in records)
+    assert {r["task"]["name"] for r in records} <= {p.name for p in (REPO / "tasks" / "terminal_bench").iterdir()}
