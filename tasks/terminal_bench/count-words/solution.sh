@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+wc -w < essay.txt | tr -d ' ' > words.txt

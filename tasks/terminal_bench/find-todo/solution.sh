@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+grep -rl TODO src | sort > todo.txt

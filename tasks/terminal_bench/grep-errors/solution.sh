@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+grep ERROR app.log > errors.txt

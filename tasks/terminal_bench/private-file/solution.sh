@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+chmod 600 secret.txt

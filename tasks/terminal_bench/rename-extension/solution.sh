@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+for f in photos/*.jpeg; do mv "$f" "${f%.jpeg}.jpg"; done

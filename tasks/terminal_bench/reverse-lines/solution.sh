@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+tac list.txt > reversed.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+ln -s releases/v2 latest
