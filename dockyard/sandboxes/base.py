@@ -74,6 +74,7 @@ class SandboxSpec:
     files: list[tuple[Path, str]] = field(default_factory=list)   # (host path, path inside) copied at creation
     env: dict[str, str] = field(default_factory=dict)
     name: str = "sandbox"
+    run: list[str] = field(default_factory=list)   # Dockerfile RUN lines: run at creation where a backend builds images
 
 
 class _CappedReader(threading.Thread):
@@ -117,6 +118,7 @@ def kill_tree(process: subprocess.Popen) -> None:
 
 class Sandbox(abc.ABC):
     kind: str = "sandbox"
+    builds_images = False   # whether a task's RUN lines take effect (else they are reported as skipped)
 
     def __init__(self, spec: SandboxSpec, limits: SandboxLimits):
         self.spec, self.limits = spec, limits
@@ -142,6 +144,16 @@ class Sandbox(abc.ABC):
     def _teardown(self) -> None:
         pass
 
+    def on_timeout(self) -> None:
+        """After a timed-out command's host process tree was killed (a backend whose commands outlive
+        their client kills them here)."""
+
+    def after_command(self) -> None:
+        """After a fresh command ended (a backend whose commands can leave processes behind ends them)."""
+
+    def live_shells(self) -> bool:
+        return any(s.process is not None and s.process.poll() is None for s in self._shells)
+
     # --- shared behaviour -------------------------------------------------------------------
 
     def environment(self) -> dict[str, str]:
@@ -165,7 +177,9 @@ class Sandbox(abc.ABC):
             timed_out = True
             kill_tree(process)
             process.wait()
+            self.on_timeout()
         reader.join(timeout=10)
+        self.after_command()
         output, truncated = reader.text()
         return CommandResult(None if timed_out else process.returncode, output, time.monotonic() - started,
                              timed_out, truncated)
@@ -285,3 +299,4 @@ class ShellSession:
         if self.process is not None and self.process.poll() is None:
             kill_tree(self.process)
             self.process.wait()
+            self.sandbox.on_timeout()   # what the shell started inside goes with it

@@ -14,10 +14,12 @@ from dockyard.envs.terminal_tasks import TaskFormatError, load_task, load_tasks,
 from dockyard.envs.terminal_trial import noop_agent, oracle_agent, pytest_resolved, run_trial
 from dockyard.sandboxes.bubblewrap import bwrap_path
 from dockyard.sandboxes.factory import SandboxFactory
+from dockyard.sandboxes.podman import podman_path
 from tests.conftest import REPO
 
 SHIPPED = REPO / "tasks" / "terminal_bench"
 needs_bwrap = pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap is not installed (tools/install.sh)")
+needs_podman = pytest.mark.skipif(podman_path() is None, reason="podman is not installed (tools/install.sh)")
 
 
 @pytest.fixture
@@ -121,6 +123,25 @@ def test_an_agent_cannot_plant_a_reward_or_see_the_tests(factory):
 
 
 @needs_bwrap
+@needs_podman
+def test_run_lines_take_effect_in_podman_and_are_reported_skipped_in_bubblewrap(tmp_path):
+    task_dir = tmp_path / "configured"
+    shutil.copytree(SHIPPED / "replace-text", task_dir)
+    dockerfile = task_dir / "Dockerfile"
+    dockerfile.write_text(dockerfile.read_text().replace("COPY files/ /app/", "RUN mkdir -p /app && printf "
+                          "'[server]\\nhost = localhost\\nport = 8080\\ndebug = false\\n' > /app/config.ini"))
+    task = load_task(task_dir)
+    assert task.setup.copies == [] and len(task.setup.run) == 1
+    podman = SandboxFactory(SandboxConfig(type="podman", command_exec_timeout_s=30))
+    built = run_trial(task, podman.create, oracle_agent)
+    assert built.reward == 1.0 and built.error is None, built.test_output
+    assert not any("RUN line" in note for note in built.notes)
+    skipped = run_trial(task, SandboxFactory(SandboxConfig(type="bubblewrap")).create, oracle_agent)
+    assert skipped.reward == 0.0
+    assert any("1 RUN line(s)" in note and "skipped" in note for note in skipped.notes)
+
+
+@needs_bwrap
 def test_env_check_passes_the_shipped_set_and_names_a_broken_task(tmp_path):
     def check(agent, tasks):
         return subprocess.run([sys.executable, "-m", "dockyard.cli", "env", "check", "--config", "grpo_terminal_bench.yaml",
@@ -140,3 +161,17 @@ def test_env_check_passes_the_shipped_set_and_names_a_broken_task(tmp_path):
     assert "BROKEN always-passes: the noop agent got reward 1.00, expected 0" in result.stdout
     result = check("oracle", tmp_path / "nowhere")
     assert result.returncode == 2 and "no such task folder" in result.stderr and "Traceback" not in result.stderr
+
+
+@needs_podman
+def test_env_check_in_podman_on_a_task_of_each_layout(tmp_path):
+    index = tmp_path / "tasks.jsonl"
+    index.write_text("".join(json.dumps({"path": str(SHIPPED / name)}) + "\n"
+                             for name in ("git-commit", "fix-script", "csv-to-json", "word-frequency")))
+    for agent, mean in (("oracle", "1.00"), ("noop", "0.00")):
+        result = subprocess.run([sys.executable, "-m", "dockyard.cli", "env", "check", "--config",
+                                 "grpo_terminal_bench_local.yaml", "--tasks", str(index), "--agent", agent,
+                                 "env.sandbox.type=podman", "env.num_workers=2"],
+                                capture_output=True, text=True, timeout=600, cwd=REPO)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert f"mean reward {mean} over 4 tasks" in result.stdout and "sandbox podman" in result.stdout
