@@ -1,6 +1,6 @@
 """Sandbox figures: what a bubblewrap sandbox costs.
 
-    python bench/sandboxes.py [--commands 50] [--memory-gb 8] [--max 64]
+    python bench/sandboxes.py [--kind bubblewrap|podman] [--commands 50] [--memory-gb 8] [--max 64]
 
 Prints:
 - start: creating a sandbox (workspace, task files) until its first command has answered;
@@ -25,6 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dockyard.sandboxes.base import SandboxLimits, SandboxSpec   # noqa: E402
 from dockyard.sandboxes.bubblewrap import BubblewrapSandbox      # noqa: E402
+from dockyard.sandboxes.podman import PodmanSandbox              # noqa: E402
+
+KINDS = {"bubblewrap": BubblewrapSandbox, "podman": PodmanSandbox}
 
 COMMAND = "cat data/input.txt > /dev/null; echo ok"
 
@@ -60,6 +63,7 @@ def descendants(pid: int) -> list[int]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kind", choices=sorted(KINDS), default="bubblewrap")
     parser.add_argument("--commands", type=int, default=50)
     parser.add_argument("--memory-gb", type=float, default=8.0)
     parser.add_argument("--max", type=int, default=64)
@@ -68,11 +72,13 @@ def main() -> int:
     (folder / "input.txt").write_text("x" * 10_000)
     spec = SandboxSpec(workdir="/app", files=[(folder / "input.txt", "/app/data/input.txt")])
     limits = SandboxLimits(command_timeout_s=60)
+    Sandbox = KINDS[args.kind]
+    print(f"{args.kind} sandboxes")
 
     starts = []
     for _ in range(10):
         began = time.perf_counter()
-        with BubblewrapSandbox(spec, limits) as box:
+        with Sandbox(spec, limits) as box:
             assert box.run(COMMAND).output.strip() == "ok"
             starts.append(time.perf_counter() - began)
     print(f"start + first command:      {median_ms(starts)}")
@@ -82,7 +88,7 @@ def main() -> int:
         began = time.perf_counter()
         subprocess.run(["bash", "-c", COMMAND], cwd=folder, capture_output=True, check=False)
         plain.append(time.perf_counter() - began)
-    with BubblewrapSandbox(spec, limits) as box:
+    with Sandbox(spec, limits) as box:
         shell = box.shell()
         shell.run("true")
         for _ in range(args.commands):
@@ -102,7 +108,7 @@ def main() -> int:
     boxes, live = [], 0
     try:
         while live < args.max:
-            box = BubblewrapSandbox(spec, limits)
+            box = Sandbox(spec, limits)
             boxes.append(box)
             shell = box.shell()
             shell.run("python3 -c 'import time' && echo up")   # a shell and a short Python start in each
