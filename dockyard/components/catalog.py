@@ -29,6 +29,8 @@ _IMPLEMENTED = {
     ("policy_backend", "dtensor"): "dockyard.policy.dtensor:DTensorPolicy",
     ("sandbox", "bubblewrap"): "dockyard.sandboxes.bubblewrap:BubblewrapSandbox",
     ("sandbox", "podman"): "dockyard.sandboxes.podman:PodmanSandbox",
+    ("sandbox", "apptainer"): "dockyard.sandboxes.apptainer:ApptainerSandbox",
+    ("sandbox", "enroot"): "dockyard.sandboxes.apptainer:EnrootSandbox",
     ("environment", "terminal_bench"): "dockyard.envs.terminal_bench:TerminalBenchEnvironment",
     ("agent", "tool_calling"): "dockyard.agents.tool_calling:ToolCallingAgent",
 }

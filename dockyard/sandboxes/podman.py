@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from dockyard.sandboxes.base import Sandbox, SandboxError, SandboxLimits, SandboxSpec
-from dockyard.sandboxes.bubblewrap import _UidLease
+from dockyard.sandboxes.host_folders import UidLease
 
 PODMAN = ["podman", "--runtime", "runc"]   # crun is not in every distribution's podman; runc is
 
@@ -64,7 +64,7 @@ class PodmanSandbox(Sandbox):
             raise SandboxError("podman is not installed (`apt-get install podman`)")
         self.image = getattr(config, "image", None)
         self.name = "dockyard-" + secrets.token_hex(6)
-        self.lease = _UidLease() if os.geteuid() == 0 else None
+        self.lease = UidLease() if os.geteuid() == 0 else None
         self.uid = self.lease.uid if self.lease else os.geteuid()
         self.root_dir: Path | None = None
         try:

@@ -190,5 +190,5 @@ def test_the_factory_applies_the_config_and_bounds_live_sandboxes():
         SandboxFactory(SandboxConfig(type="bubblewrap", memory=5))
     with pytest.raises(SandboxError, match="env.sandbox.image: bubblewrap .* cannot use the image"):
         SandboxFactory(SandboxConfig(type="bubblewrap", image="ubuntu:24.04"))
-    with pytest.raises(SandboxError, match="sandbox 'apptainer' is not available"):
-        SandboxFactory(SandboxConfig(type="apptainer"))
+    with pytest.raises(SandboxError, match="sandbox 'none' is not available"):
+        SandboxFactory(SandboxConfig(type="none"))
