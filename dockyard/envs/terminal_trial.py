@@ -44,7 +44,8 @@ class TrialResult:
 def sandbox_spec(task: TerminalTask) -> SandboxSpec:
     """The task's Dockerfile as far as a sandbox without an image builder honours it."""
     return SandboxSpec(workdir=task.setup.workdir or "", files=list(task.setup.copies), env=dict(task.setup.env),
-                       name=f"task {task.name}", run=list(task.setup.run))
+                       name=f"task {task.name}", run=list(task.setup.run),
+                       network=bool(task.metadata.get("environment", {}).get("allow_internet", False)))
 
 
 def setup_notes(task: TerminalTask, builds_images: bool) -> list[str]:

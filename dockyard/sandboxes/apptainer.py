@@ -43,8 +43,9 @@ class ApptainerSandbox(HostFolderSandbox):
         return "apptainer" if shutil.which("apptainer") or not shutil.which("singularity") else "singularity"
 
     def wrap(self, argv: list[str], env: dict[str, str], cwd: str | None = None) -> list[str]:
-        command = [self.runtime(), "exec", "--containall", "--cleanenv", "--no-home", "--net", "--network", "none",
-                   "--writable-tmpfs", "--pwd", cwd or self.workdir]
+        command = [self.runtime(), "exec", "--containall", "--cleanenv", "--no-home",
+                   *([] if self.spec.network else ["--net", "--network", "none"]), "--writable-tmpfs",
+                   "--pwd", cwd or self.workdir]
         for key, value in env.items():
             command += ["--env", f"{key}={value}"]
         for inside, host in sorted(self.mounts.items()):
@@ -79,7 +80,7 @@ class EnrootSandbox(HostFolderSandbox):
 
     def user_and_limits(self) -> list[str]:
         # enroot runs as the invoking user (its container lives in that user's enroot data folder)
-        network = ["unshare", "--net", "--"] if os.geteuid() == 0 else []
+        network = ["unshare", "--net", "--"] if os.geteuid() == 0 and not self.spec.network else []
         return [*network, "prlimit", *self.limits.prlimit(), "--"]
 
     def wrap(self, argv: list[str], env: dict[str, str], cwd: str | None = None) -> list[str]:

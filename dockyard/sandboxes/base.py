@@ -75,6 +75,7 @@ class SandboxSpec:
     env: dict[str, str] = field(default_factory=dict)
     name: str = "sandbox"
     run: list[str] = field(default_factory=list)   # Dockerfile RUN lines: run at creation where a backend builds images
+    network: bool = False   # only a task that says so (Harbor's allow_internet) gets the host's network
 
 
 class _CappedReader(threading.Thread):

@@ -36,7 +36,7 @@ class BubblewrapSandbox(HostFolderSandbox):
         return None
 
     def wrap(self, argv: list[str], env: dict[str, str], cwd: str | None = None) -> list[str]:
-        bwrap = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv",
+        bwrap = ["bwrap", "--unshare-all", *(["--share-net"] if self.spec.network else []), "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv",
                  "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
         for link in ("bin", "lib", "lib64", "sbin"):
             if os.path.islink("/" + link):

@@ -91,7 +91,7 @@ class PodmanSandbox(Sandbox):
                   "--ulimit", f"nproc={self.limits.max_processes}:{self.limits.max_processes}"]
         # --init: catatonit as PID 1 reaps orphans (a killed fork bomb's zombies would hold the pids limit)
         common = ["run", "-d", "--init", "--init-path", shutil.which("catatonit") or "/usr/libexec/podman/catatonit",
-                  "--name", self.name, "--network", "none", "--cap-drop", "ALL",
+                  "--name", self.name, *([] if self.spec.network else ["--network", "none"]), "--cap-drop", "ALL",
                   "--cap-add", "CHOWN,DAC_OVERRIDE,FOWNER,SETUID,SETGID",   # root's set-up steps only
                   "--security-opt", "no-new-privileges", "--tmpfs", "/tmp:rw,mode=1777", *limits]
         for key, value in self.environment().items():

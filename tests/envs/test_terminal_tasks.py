@@ -11,7 +11,7 @@ import pytest
 
 from dockyard.config.schema.env import SandboxConfig
 from dockyard.envs.terminal_tasks import TaskFormatError, load_task, load_tasks, parse_dockerfile
-from dockyard.envs.terminal_trial import noop_agent, oracle_agent, pytest_resolved, run_trial
+from dockyard.envs.terminal_trial import noop_agent, oracle_agent, pytest_resolved, run_trial, sandbox_spec
 from dockyard.sandboxes.bubblewrap import bwrap_path
 from dockyard.sandboxes.factory import SandboxFactory
 from dockyard.sandboxes.podman import podman_path
@@ -41,6 +41,9 @@ def test_both_layouts_load_from_the_shipped_set():
     assert harbor.setup.copies == [(SHIPPED / "word-frequency" / "environment" / "story.txt", "/app/story.txt")]
     assert harbor.solution == SHIPPED / "word-frequency" / "solution" / "solve.sh"
     assert harbor.metadata["environment"]["allow_internet"] is False
+    assert sandbox_spec(harbor).network is False and sandbox_spec(tb1).network is False
+    harbor.metadata["environment"]["allow_internet"] = True   # a Harbor task may ask for the network
+    assert sandbox_spec(harbor).network is True
 
 
 def test_dockerfile_lines_a_sandbox_honours(tmp_path):

@@ -192,3 +192,14 @@ def test_the_factory_applies_the_config_and_bounds_live_sandboxes():
         SandboxFactory(SandboxConfig(type="bubblewrap", image="ubuntu:24.04"))
     with pytest.raises(SandboxError, match="sandbox 'none' is not available"):
         SandboxFactory(SandboxConfig(type="none"))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_only_a_task_that_allows_it_gets_the_network(backend):
+    with backend(SandboxSpec(network=True), LIMITS) as box:
+        # the host's network namespace: its interfaces are visible (no connection is attempted)
+        assert "lo" in box.run("ls /sys/class/net 2>/dev/null || cat /proc/net/dev").output
+        interfaces = box.run("cat /proc/net/dev | tail -n +3 | cut -d: -f1").output.split()
+    with backend(SandboxSpec(), LIMITS) as closed:
+        alone = closed.run("cat /proc/net/dev | tail -n +3 | cut -d: -f1").output.split()
+    assert set(alone) <= {"lo"} and set(interfaces) - {"lo"}
