@@ -67,18 +67,23 @@ def cmd_validate(ns: argparse.Namespace) -> int:
     return EXIT_CONFIG if failed else 0
 
 
+def _load(ns: argparse.Namespace, command: str):
+    """The config of --config with its overrides, or None once the problems are printed."""
+    if not ns.config:
+        print(f"dockyard {command}: --config is required", file=sys.stderr)
+        return None
+    try:
+        return load_config(ns.config, ns.overrides, ns.config_dir)
+    except ConfigError as err:
+        print(err.render(), file=sys.stderr)
+        return None
+
+
 def cmd_run(ns: argparse.Namespace) -> int:
     from dockyard.run.local import run_local
 
-    if not ns.config:
-        print("dockyard run: --config is required", file=sys.stderr)
-        return EXIT_CONFIG
-    try:
-        loaded = load_config(ns.config, ns.overrides, ns.config_dir)
-    except ConfigError as err:
-        print(err.render(), file=sys.stderr)
-        return EXIT_CONFIG
-    return run_local(loaded)
+    loaded = _load(ns, "run")
+    return EXIT_CONFIG if loaded is None else run_local(loaded)
 
 
 def cmd_list(ns: argparse.Namespace) -> int:
@@ -99,15 +104,8 @@ def cmd_list(ns: argparse.Namespace) -> int:
 def cmd_env_check(ns: argparse.Namespace) -> int:
     from dockyard.envs.check import check
 
-    if not ns.config:
-        print("dockyard env check: --config is required", file=sys.stderr)
-        return EXIT_CONFIG
-    try:
-        loaded = load_config(ns.config, ns.overrides, ns.config_dir)
-    except ConfigError as err:
-        print(err.render(), file=sys.stderr)
-        return EXIT_CONFIG
-    return check(loaded.config, ns.tasks, ns.agent)
+    loaded = _load(ns, "env check")
+    return EXIT_CONFIG if loaded is None else check(loaded.config, ns.tasks, ns.agent)
 
 
 def cmd_env_index(ns: argparse.Namespace) -> int:

@@ -223,19 +223,19 @@ def load_tasks(source: str | Path) -> list[TerminalTask]:
     """Every task of a folder of task folders, or of a jsonl index (rows: {"path": ..., "instruction"?})."""
     source = Path(source)
     if source.is_file() and source.suffix == ".jsonl":
+        from dockyard.data.datasets import DatasetError, read_rows
+
+        try:
+            rows = read_rows(str(source))
+        except DatasetError as err:
+            raise TaskFormatError(str(err)) from None
         tasks = []
-        for number, line in enumerate(source.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise TaskFormatError(f"{source}:{number}: not valid JSON ({err.msg})") from None
-            path = row.get("path") if isinstance(row, dict) else None
-            if path is None and isinstance(row, dict) and isinstance(row.get("task"), dict):
+        for number, row in enumerate(rows, 1):
+            path = row.get("path")
+            if path is None and isinstance(row.get("task"), dict):
                 path = row["task"].get("path")
             if not isinstance(path, str):
-                raise TaskFormatError(f"{source}:{number}: each row needs the `path` of a task folder "
+                raise TaskFormatError(f"{source}: row {number} needs the `path` of a task folder "
                                       "(at the top level or under `task`)")
             task = load_task((source.parent / path).resolve())
             if row.get("instruction"):
