@@ -178,3 +178,47 @@ def test_env_check_in_podman_on_a_task_of_each_layout(tmp_path):
                                 capture_output=True, text=True, timeout=600, cwd=REPO)
         assert result.returncode == 0, result.stdout + result.stderr
         assert f"mean reward {mean} over 4 tasks" in result.stdout and "sandbox podman" in result.stdout
+
+
+@needs_bwrap
+def test_an_agents_escape_attempts_are_contained_and_recorded_in_the_episode(tmp_path):
+    """The environment side of an episode, driven with the actions a misbehaving agent would send:
+    each attempt fails inside the sandbox, the next one still runs, and every one is in the record."""
+    from dockyard.agents.tool_format import Action
+    from dockyard.config.schema.env import EnvConfig
+    from dockyard.data.datasets import Prompt
+    from dockyard.envs.terminal_bench import TerminalBenchEnvironment
+
+    env = TerminalBenchEnvironment(EnvConfig(name="terminal_bench", agent="tool_calling", sandbox=SandboxConfig(
+        type="bubblewrap", command_exec_timeout_s=10, memory_mb=256, max_processes=64, file_size_mb=8)))
+    episode = env.open(Prompt("Create hello.txt", None, {"path": str(SHIPPED / "hello-file")}, "t"))
+    secret = Path.home() / ".dockyard-episode-secret"
+    secret.write_text("host secret")
+    attempts = {
+        "network": "python3 -c 'import socket; socket.create_connection((\"1.1.1.1\", 80), timeout=3)'",
+        "write outside": "echo owned > /etc/dockyard-owned",
+        "host home": f"cat {secret}",
+        "tests early": "ls /tests /solution",
+        "fork bomb": "bomb() { bomb | bomb & }; bomb",
+        "memory": "python3 -c 'x = bytearray(600 * 1024 * 1024)'",
+        "huge file": "head -c 50000000 /dev/zero > big.bin; stat -c %s big.bin",
+        "outlive the timeout": "sleep 300",
+    }
+    try:
+        observations = {name: episode.execute(Action("tool", "bash", {"command": command, "timeout": 5}))
+                        for name, command in attempts.items()}
+    finally:
+        secret.unlink()
+    assert "Network is unreachable" in observations["network"]
+    assert "Read-only file system" in observations["write outside"] and not Path("/etc/dockyard-owned").exists()
+    assert "host secret" not in observations["host home"] and "No such file" in observations["host home"]
+    assert observations["tests early"].count("No such file or directory") == 2
+    assert "MemoryError" in observations["memory"]
+    assert "8388608" in observations["huge file"]
+    assert observations["outlive the timeout"].endswith("[timed out]")
+    assert [event["command"] for event in episode.events] == list(attempts.values())
+    assert [event["timed_out"] for event in episode.events][-1] is True
+    after = episode.execute(Action("tool", "bash", {"command": "echo still here"}))
+    assert after.startswith("[the previous shell ended; this is a new shell]\nstill here")   # the run goes on
+    assert episode.finish() == 0.0 and "tests" in episode.events[-1]
+    episode.close()
