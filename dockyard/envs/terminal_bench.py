@@ -48,6 +48,11 @@ class TerminalBenchEnvironment:
         self._tasks: dict[Path, TerminalTask] = {}
         self._lock = threading.Lock()
 
+    @property
+    def capacity(self) -> int:
+        """Episodes that can be open at once: one sandbox each."""
+        return self.sandboxes.config.max_concurrent
+
     def task_for(self, prompt: Prompt) -> TerminalTask:
         path = prompt.metadata.get("path")
         if not isinstance(path, str):

@@ -127,8 +127,13 @@ class AgentRolloutCollector(RolloutCollector):
     def run_episodes(self, prompts: list[Prompt], n: int, seed: int, temperature: float | None = None) -> list[Episode]:
         """n episodes per prompt, to the end; Episode.group is the prompt's index."""
         episodes = [Episode(p, g) for g, p in enumerate(prompts) for _ in range(n)]
+        # in waves no larger than the environment can hold open at once (env.sandbox.max_concurrent):
+        # a lockstep batch waiting for a sandbox slot that only its own episodes could free would hang
+        wave = getattr(self.env, "capacity", None) or len(episodes)
         try:
-            return self._run(episodes, seed, temperature)
+            for start in range(0, len(episodes), wave):
+                self._run(episodes[start:start + wave], seed + 15_485_863 * (start // wave), temperature)
+            return episodes
         except BaseException:
             for episode in episodes:   # an interrupted batch leaves no sandbox behind (close is idempotent)
                 if episode.handle is not None:

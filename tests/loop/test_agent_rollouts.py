@@ -112,3 +112,13 @@ def test_a_broken_task_fails_the_attempt_not_the_run(setup, tmp_path):
     [group] = groups
     assert all(t.status == "failed" and "no-such-task" in t.error for t in group.trajectories)
     assert all(t.attempts == 2 for t in group.trajectories)
+
+
+def test_more_episodes_than_sandbox_slots_run_in_waves(setup):
+    """3 episodes with room for 2 sandboxes at once: a single lockstep batch would wait forever for a
+    slot only its own episodes could free (creation_timeout_s bounds the wait, then they fail)."""
+    collector, prompt, _ = setup("env.sandbox.max_concurrent=2", "env.sandbox.creation_timeout_s=20",
+                                 "grpo.max_rollout_turns=1")
+    episodes = collector.run_episodes([prompt], 3, seed=0, temperature=1.0)
+    assert [e.error for e in episodes] == [None, None, None]
+    assert all(e.transcript.turns == 1 for e in episodes)
