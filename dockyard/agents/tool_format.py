@@ -13,7 +13,8 @@ Two formats, chosen from the model's chat template:
       ```bash
       ls -la
       ```
-  (one fenced bash block: the command), or ends the task with a last line `DONE`. Results go back
+  (one fenced bash block, the language may be left out: the command), or ends the task with a last
+  line `DONE`. Results go back
   as `user` messages starting "Output of your command".
 
 In both, a reply with no action ends the episode (it is the agent's final answer, as `submit` is);
@@ -100,7 +101,8 @@ class HermesFormat:
 
 class PlainFormat:
     name = "plain"
-    _BLOCK = re.compile(r"```(?:bash|sh|shell)[ \t]*\n(.*?)(```|$)", re.DOTALL)
+    # ```bash, ```sh, ```shell or a bare ``` block: small models often leave the language out
+    _BLOCK = re.compile(r"```(?:bash|sh|shell)?[ \t]*\n(.*?)(```|$)", re.DOTALL)
 
     def system_text(self, tools: list[Tool]) -> str:
         return ("You work in a Linux terminal. To run a shell command, reply with exactly one block:\n"

@@ -39,6 +39,7 @@ def test_plain_format_reads_bash_blocks_submit_and_mistakes():
     assert plain.parse("```bash\nls", tools).error == "the ```bash block is not closed with ```"
     assert "one ```bash block" in plain.parse("```bash\nls\n```\n```bash\npwd\n```", tools).error
     assert plain.parse("```python\nprint(1)\n```", tools).kind == "invalid"
+    assert plain.parse("Run:\n```\ntouch done.txt\n```", tools).arguments["command"] == "touch done.txt"
     assert plain.parse("```bash\n\n```", tools).error == "bash needs a non-empty command"
 
 
