@@ -13,8 +13,8 @@ Two formats, chosen from the model's chat template:
       ```bash
       ls -la
       ```
-  (one fenced bash block, the language may be left out: the command), or ends the task with a last
-  line `DONE`. Results go back
+  (one fenced bash block: the command; a block without a language counts when it is the only one),
+  or ends the task with a last line `DONE`. Results go back
   as `user` messages starting "Output of your command".
 
 In both, a reply with no action ends the episode (it is the agent's final answer, as `submit` is);
@@ -101,8 +101,10 @@ class HermesFormat:
 
 class PlainFormat:
     name = "plain"
-    # ```bash, ```sh, ```shell or a bare ``` block: small models often leave the language out
-    _BLOCK = re.compile(r"```(?:bash|sh|shell)?[ \t]*\n(.*?)(```|$)", re.DOTALL)
+    _SHELL = re.compile(r"```(?:bash|sh|shell)[ \t]*\n(.*?)(```|$)", re.DOTALL)
+    # a bare ``` block counts when it is the reply's only block: small models often leave the language
+    # out, and put the command's expected output in a bare block after a ```bash one
+    _BARE = re.compile(r"```[ \t]*\n(.*?)(```|$)", re.DOTALL)
 
     def system_text(self, tools: list[Tool]) -> str:
         return ("You work in a Linux terminal. To run a shell command, reply with exactly one block:\n"
@@ -113,7 +115,9 @@ class PlainFormat:
         return None
 
     def parse(self, reply: str, tools: list[Tool]) -> Action:
-        blocks = self._BLOCK.findall(reply)
+        blocks = self._SHELL.findall(reply)
+        if not blocks and reply.count("```") <= 2:
+            blocks = self._BARE.findall(reply)
         if not blocks:
             lines = [line.strip() for line in reply.strip().splitlines() if line.strip()]
             return Action("submit") if not lines or lines[-1] == "DONE" or "```" not in reply else Action(

@@ -40,6 +40,8 @@ def test_plain_format_reads_bash_blocks_submit_and_mistakes():
     assert "one ```bash block" in plain.parse("```bash\nls\n```\n```bash\npwd\n```", tools).error
     assert plain.parse("```python\nprint(1)\n```", tools).kind == "invalid"
     assert plain.parse("Run:\n```\ntouch done.txt\n```", tools).arguments["command"] == "touch done.txt"
+    shown = plain.parse("```bash\necho hi > a.txt\n```\nThe output will be:\n```\nhi\n```", tools)
+    assert shown.arguments["command"] == "echo hi > a.txt"   # the bare block after it is not a second command
     assert plain.parse("```bash\n\n```", tools).error == "bash needs a non-empty command"
 
 

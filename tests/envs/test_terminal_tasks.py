@@ -190,7 +190,7 @@ def test_an_agents_escape_attempts_are_contained_and_recorded_in_the_episode(tmp
     from dockyard.envs.terminal_bench import TerminalBenchEnvironment
 
     env = TerminalBenchEnvironment(EnvConfig(name="terminal_bench", agent="tool_calling", sandbox=SandboxConfig(
-        type="bubblewrap", command_exec_timeout_s=10, memory_mb=256, max_processes=64, file_size_mb=8)))
+        type="bubblewrap", command_exec_timeout_s=30, memory_mb=256, max_processes=64, file_size_mb=8)))
     episode = env.open(Prompt("Create hello.txt", None, {"path": str(SHIPPED / "hello-file")}, "t"))
     secret = Path.home() / ".dockyard-episode-secret"
     secret.write_text("host secret")
@@ -205,8 +205,9 @@ def test_an_agents_escape_attempts_are_contained_and_recorded_in_the_episode(tmp
         "outlive the timeout": "sleep 300",
     }
     try:
-        observations = {name: episode.execute(Action("tool", "bash", {"command": command, "timeout": 5}))
-                        for name, command in attempts.items()}
+        # generous timeouts (a busy machine), but the sleep's is what it must outlive
+        observations = {name: episode.execute(Action("tool", "bash", {
+            "command": command, "timeout": 3 if name == "outlive the timeout" else 30})) for name, command in attempts.items()}
     finally:
         secret.unlink()
     assert "Network is unreachable" in observations["network"]
