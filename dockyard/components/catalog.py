@@ -96,11 +96,11 @@ _DECLARED = {
         "jax": "Flax NNX trainer on JAX",
     },
     "sandbox": {
-        "none": "run tool commands directly (trusted tasks only)",
+        "none": "run tool commands directly on the host (not built: refused)",
         "bubblewrap": "unprivileged bwrap namespaces around each command",
         "podman": "one podman container per trajectory",
-        "apptainer": "Apptainer/Singularity instance per trajectory",
-        "enroot": "enroot container per trajectory (pyxis clusters)",
+        "apptainer": "a fresh Apptainer/Singularity container of the image per command (command lines tested; not run here)",
+        "enroot": "an enroot container per sandbox, enroot start per command (command lines tested; not run here)",
     },
 }
 
