@@ -41,6 +41,20 @@ class Aborted(Exception):
     pass
 
 
+def mergeable(params: SamplingParams) -> tuple:
+    """What requests decoded in one batch must share (n, max_tokens and seed may differ)."""
+    return (params.temperature, params.top_p, params.top_k, tuple(params.stop), tuple(params.stop_token_ids),
+            params.ignore_eos)
+
+
+@dataclass
+class _Job:
+    slot: int            # the request it belongs to
+    prompt_index: int
+    prompt: list[int]
+    max_tokens: int
+
+
 class Engine:
     def __init__(self, model_path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32,
                  max_batch_size: int = 64):
@@ -92,17 +106,32 @@ class Engine:
 
     # --- generation ---------------------------------------------------------------------------
 
-    @torch.inference_mode()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
-        if not prompts or any(not p for p in prompts):
-            raise ValueError("every prompt needs at least one token")
+        return self.generate_many([(prompts, params)])[0]
+
+    @torch.inference_mode()
+    def generate_many(self, requests: list[tuple[list[list[int]], SamplingParams]]) -> list[list[Completion]]:
+        """Several requests decoded as one batch (the server merges concurrent requests this way).
+        They must agree on everything but n, max_tokens and seed (see `mergeable`); each request keeps
+        its own random stream, so its samples do not depend on what it was batched with."""
+        for prompts, params in requests:
+            if not prompts or any(not p for p in prompts):
+                raise ValueError("every prompt needs at least one token")
+            if mergeable(params) != mergeable(requests[0][1]):
+                raise ValueError("requests merged into one batch must share their sampling settings")
         self._abort.clear()
-        generator = torch.Generator(device="cpu")
-        generator.manual_seed(params.seed if params.seed is not None else torch.seed())
-        jobs = [(i, prompt) for i, prompt in enumerate(prompts) for _ in range(params.n)]
-        results: list[Completion] = []
+        generators = []
+        for _, params in requests:
+            generator = torch.Generator(device="cpu")
+            generator.manual_seed(params.seed if params.seed is not None else torch.seed())
+            generators.append(generator)
+        jobs = [_Job(slot, i, prompt, params.max_tokens) for slot, (prompts, params) in enumerate(requests)
+                for i, prompt in enumerate(prompts) for _ in range(params.n)]
+        results: list[list[Completion]] = [[] for _ in requests]
         for start in range(0, len(jobs), self.max_batch_size):
-            results += self._generate_batch(jobs[start:start + self.max_batch_size], params, generator)
+            chunk = jobs[start:start + self.max_batch_size]
+            for job, completion in zip(chunk, self._generate_batch(chunk, requests[0][1], generators)):
+                results[job.slot].append(completion)
         return results
 
     @torch.inference_mode()
@@ -136,14 +165,27 @@ class Engine:
         tokens = torch.multinomial(probs.cpu(), 1, generator=generator)[:, 0].to(logits.device)
         return tokens, logprobs.gather(-1, tokens[:, None])[:, 0]
 
-    def _generate_batch(self, jobs, params: SamplingParams, generator: torch.Generator) -> list[Completion]:
+    def _sample_rows(self, logits: torch.Tensor, params: SamplingParams, generators: list[torch.Generator],
+                     slots: list[int]):
+        """Sample each row with its request's random stream."""
+        if len(generators) == 1:
+            return self._sample(logits, params, generators[0])
+        tokens = torch.empty(len(slots), dtype=torch.long, device=logits.device)
+        logprobs = torch.empty(len(slots), dtype=torch.float, device=logits.device)
+        for slot in sorted(set(slots)):
+            where = torch.tensor([i for i, s in enumerate(slots) if s == slot], device=logits.device)
+            tokens[where], logprobs[where] = self._sample(logits[where], params, generators[slot])
+        return tokens, logprobs
+
+    def _generate_batch(self, jobs: list[_Job], params: SamplingParams,
+                        generators: list[torch.Generator]) -> list[Completion]:
         """Decode every job of the batch. A prompt is prefilled once however many samples it has (the
         KV cache is then copied per sample), and finished rows leave the batch once they are a
         quarter of it, so a few long answers do not keep the whole batch decoding."""
         batch = len(jobs)
         prompt_rows: dict[tuple[int, ...], int] = {}
-        for _, prompt in jobs:
-            prompt_rows.setdefault(tuple(prompt), len(prompt_rows))
+        for job in jobs:
+            prompt_rows.setdefault(tuple(job.prompt), len(prompt_rows))
         prompts = list(prompt_rows)
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
@@ -157,7 +199,7 @@ class Engine:
         cache, logits = out.past_key_values, out.logits[:, -1]
         next_position = positions[:, -1] + 1
         if len(prompts) < batch:
-            per_job = torch.tensor([prompt_rows[tuple(prompt)] for _, prompt in jobs], device=self.device)
+            per_job = torch.tensor([prompt_rows[tuple(job.prompt)] for job in jobs], device=self.device)
             cache.reorder_cache(per_job)
             logits, mask, next_position = logits[per_job], mask[per_job], next_position[per_job]
 
@@ -166,12 +208,12 @@ class Engine:
         reasons: list[str | None] = [None] * batch
         rows = list(range(batch))     # the job of each row still in the batch
         stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_token_ids)
-        for _ in range(params.max_tokens):
+        for _ in range(max(job.max_tokens for job in jobs)):
             self._running.wait()
             if self._abort.is_set():
                 reasons = [r or "abort" for r in reasons]
                 break
-            chosen, chosen_logprobs = self._sample(logits, params, generator)
+            chosen, chosen_logprobs = self._sample_rows(logits, params, generators, [jobs[job].slot for job in rows])
             for position, job in enumerate(rows):
                 if reasons[job] is not None:
                     continue
@@ -180,6 +222,8 @@ class Engine:
                 logprobs[job].append(float(chosen_logprobs[position]))
                 if token in stop_ids or (params.stop and self._hits_stop_string(tokens[job], params.stop)):
                     reasons[job] = "stop"
+                elif len(tokens[job]) >= jobs[job].max_tokens:
+                    reasons[job] = "length"
             running = [position for position, job in enumerate(rows) if reasons[job] is None]
             if not running:
                 break
@@ -195,7 +239,8 @@ class Engine:
                              past_key_values=cache, use_cache=True)
             cache, logits = out.past_key_values, out.logits[:, -1]
             next_position = next_position + 1
-        return [Completion(jobs[row][0], tokens[row], logprobs[row], reasons[row] or "length") for row in range(batch)]
+        return [Completion(jobs[row].prompt_index, tokens[row], logprobs[row], reasons[row] or "length")
+                for row in range(batch)]
 
     def _hits_stop_string(self, generated: list[int], stops: list[str]) -> bool:
         tail = self.tokenizer.decode(generated[-16:], skip_special_tokens=False)

@@ -1,6 +1,7 @@
 """Batched decoding gives each sample what it would get alone: prompts prefilled once for their n
 samples, finished rows leaving the batch."""
 
+import pytest
 import torch
 
 from dockyard.generation.engine import Engine, SamplingParams
@@ -29,3 +30,24 @@ def test_shared_prefill_and_compaction_match_decoding_alone(tiny_model):
         assert completion.finish_reason == alone_completion.finish_reason
         torch.testing.assert_close(torch.tensor(completion.logprobs), torch.tensor(alone_completion.logprobs),
                                    atol=1e-4, rtol=1e-4)
+
+
+def test_merged_requests_each_keep_their_own_random_stream_and_length(tiny_model):
+    """Requests decoded in one batch (what the server does with concurrent ones) sample exactly what
+    each would alone: their own seed, n and max_tokens."""
+    engine = Engine(tiny_model, max_batch_size=64)
+    requests = [([PROMPTS[0]], SamplingParams(n=2, max_tokens=6, temperature=1.0, ignore_eos=True, seed=11)),
+                ([PROMPTS[1], PROMPTS[2]], SamplingParams(n=3, max_tokens=9, temperature=1.0, ignore_eos=True, seed=5))]
+    alone = [engine.generate(prompts, params) for prompts, params in requests]
+    merged = engine.generate_many(requests)
+    for got, want in zip(merged, alone):
+        assert [(c.prompt_index, c.token_ids, c.finish_reason) for c in got] == \
+            [(c.prompt_index, c.token_ids, c.finish_reason) for c in want]
+    assert {len(c.token_ids) for c in merged[0]} == {6} and {len(c.token_ids) for c in merged[1]} == {9}
+
+
+def test_requests_with_different_sampling_settings_are_not_merged(tiny_model):
+    engine = Engine(tiny_model)
+    with pytest.raises(ValueError, match="share their sampling settings"):
+        engine.generate_many([([PROMPTS[0]], SamplingParams(temperature=1.0)),
+                              ([PROMPTS[1]], SamplingParams(temperature=0.5))])

@@ -177,3 +177,17 @@ def test_a_qwen2_tiny_model_serves_too(tmp_path):
     assert type(engine.model).__name__ == "Qwen2ForCausalLM"
     (out,) = engine.generate([[2, 5, 6]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
     assert len(out.token_ids) == 4
+
+
+def test_concurrent_requests_each_get_what_they_get_alone(client):
+    """The server merges requests that arrive together into one batch; each answer is still what that
+    request gets alone (its seed), and a request with other sampling settings is served too."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    requests = [([[3, 4, 5]], SamplingParams(n=2, max_tokens=5, temperature=1.0, ignore_eos=True, seed=s))
+                for s in range(6)] + [([[7, 8]], SamplingParams(n=1, max_tokens=4, temperature=0.0, ignore_eos=True))]
+    alone = [[c.token_ids for c in client.generate(p, params)] for p, params in requests]
+    with ThreadPoolExecutor(len(requests)) as pool:
+        together = list(pool.map(lambda r: [c.token_ids for c in client.generate(*r)], requests))
+    assert together == alone
+    assert len({tuple(map(tuple, a)) for a in alone[:6]}) > 1   # the seeds differ, so do the samples
