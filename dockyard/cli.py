@@ -52,6 +52,7 @@ def cmd_validate(ns: argparse.Namespace) -> int:
             failed += 1
             print(err.render(), file=sys.stderr)
             continue
+        loaded.print_advice()
         if ns.out:
             if len(files) > 1:
                 print("dockyard validate: --out takes one config", file=sys.stderr)
@@ -73,10 +74,12 @@ def _load(ns: argparse.Namespace, command: str):
         print(f"dockyard {command}: --config is required", file=sys.stderr)
         return None
     try:
-        return load_config(ns.config, ns.overrides, ns.config_dir)
+        loaded = load_config(ns.config, ns.overrides, ns.config_dir)
     except ConfigError as err:
         print(err.render(), file=sys.stderr)
         return None
+    loaded.print_advice()
+    return loaded
 
 
 def cmd_run(ns: argparse.Namespace) -> int:

@@ -27,6 +27,19 @@ def check(cfg: MasterConfig) -> list[Problem]:
     return [problem for each in RULES for problem in each(cfg)]
 
 
+# Advice: settings that are valid but that the seeds recommend against; shown, never refused.
+ADVICE: list[Rule] = []
+
+
+def advice(fn: Rule) -> Rule:
+    ADVICE.append(fn)
+    return fn
+
+
+def advise(cfg: MasterConfig) -> list[Problem]:
+    return [problem for each in ADVICE for problem in each(cfg)]
+
+
 def _devices_word(cfg: MasterConfig) -> str:
     return "GPUs" if cfg.cluster.gpus_per_node > 0 else "ranks"
 
@@ -312,6 +325,17 @@ def async_grpo(cfg: MasterConfig) -> Iterator[Problem]:
     if not cfg.loss_fn.is_correction.enabled:
         yield Problem("loss_fn.is_correction.enabled", why + "samples with stale weights, so importance-sampling "
                       "correction is mandatory; set it to true (with lower_bound / upper_bound)")
+
+
+@advice
+def async_whole_groups(cfg: MasterConfig) -> Iterator[Problem]:
+    """Async: train_global_batch_size (M) a multiple of num_generations_per_prompt (N), so mini-batches hold whole groups (11.3, a recommendation)."""
+    grpo, m = cfg.grpo, cfg.policy.train_global_batch_size
+    n = grpo.num_generations_per_prompt
+    if grpo.async_grpo.enabled and m % n:
+        yield Problem("policy.train_global_batch_size", f"async GRPO: {m} is not a multiple of "
+                      f"grpo.num_generations_per_prompt ({n}), so a mini-batch splits a group; "
+                      "a multiple is strongly recommended")
 
 
 @rule

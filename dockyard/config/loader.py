@@ -10,7 +10,7 @@ import difflib
 import importlib
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -34,6 +34,11 @@ class LoadedConfig:
     config: MasterConfig
     source: Path
     resolved: dict[str, Any]
+    advice: list[Problem] = field(default_factory=list)   # valid, but recommended against (constraints.ADVICE)
+
+    def print_advice(self, file=None) -> None:
+        for problem in self.advice:
+            print(f"warning: {self.source}: {problem}", file=file or sys.stderr)
 
     def to_yaml(self) -> str:
         """The validated config in schema order, defaults filled in."""
@@ -63,7 +68,7 @@ def load_config(config: str | Path, overrides: Sequence[str] = (),
         problems += constraints.check(master)
     if problems:
         raise ConfigError(problems, source)
-    return LoadedConfig(master, source, container)
+    return LoadedConfig(master, source, container, constraints.advise(master))
 
 
 # --- overrides -------------------------------------------------------------------------------

@@ -151,12 +151,16 @@ class PromptLoader:
         return torch.randperm(len(self.prompts), generator=generator).tolist()
 
     def take(self, count: int) -> list[Prompt]:
+        return [self.prompts[row] for row in self.take_rows(count)]
+
+    def take_rows(self, count: int) -> list[int]:
+        """The next `count` rows' indices in self.prompts (a checkpoint can name drawn prompts by them)."""
         out = []
         while len(out) < count:
             if self.offset >= len(self._order):
                 self.epoch, self.offset = self.epoch + 1, 0
                 self._order = self._order_for(self.epoch)
-            out.append(self.prompts[self._order[self.offset]])
+            out.append(self._order[self.offset])
             self.offset += 1
         return out
 

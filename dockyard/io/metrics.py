@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
 
 
@@ -22,7 +23,11 @@ class TensorBoardWriter:
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         for name, value in metrics.items():
-            self.writer.add_scalar(name, value, step)
+            if isinstance(value, list):   # a list metric (per-group lags): its histogram
+                if value:
+                    self.writer.add_histogram(name, torch.tensor(value, dtype=torch.float), step)
+            else:
+                self.writer.add_scalar(name, value, step)
         self.writer.flush()
 
     def close(self) -> None:
@@ -54,7 +59,7 @@ class ConsoleProgress:
 
     KEYS = (("reward/mean", "reward"), ("accuracy", "acc"), ("train/loss", "loss"), ("train/kl_ref", "kl"),
             ("train/entropy", "ent"), ("train/clip_fraction", "clip"), ("val/accuracy", "val_acc"),
-            ("time/step", "s"))
+            ("async/lag_max", "lag"), ("time/step", "s"))
 
     def __init__(self, total_steps: int, start_step: int):
         # a bar redrawn into a log file (Slurm) is noise: there the per-step line carries the ETA

@@ -227,4 +227,5 @@ def submit_main(argv: Sequence[str] | None = None) -> int:
         print(err.render(), file=sys.stderr)
         _say("nothing was submitted")
         return EXIT_CONFIG
+    loaded.print_advice()
     return submit(loaded, ns.dry_run, ns.wait, ns.wait_timeout)

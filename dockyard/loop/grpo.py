@@ -16,6 +16,7 @@ import copy
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from urllib.parse import urlparse
@@ -158,6 +159,8 @@ class GRPOTrainer:
                 backend=backend_for(device), log=log_stderr)
         self.engine_is_current = False
         self.engine_seconds = 0.0
+        self.tokenizing = threading.Lock()
+        self.resumed_state: dict = {}
         self.stopper: stopping.StopRequests | None = None
         self.generating = False
 
@@ -165,8 +168,9 @@ class GRPOTrainer:
 
     def _prompt_ids(self, prompt: Prompt) -> list[int]:
         messages = build_messages(prompt, self.cfg.data.add_system_prompt, getattr(self.env, "instruction", None))
-        return prompt_token_ids(self.tokenizer, messages, self.chat_template,
-                                self.cfg.policy.generation.chat_template.generation_prompt_kwargs)
+        with self.tokenizing:   # a fast tokenizer used from two threads at once can fail ("Already borrowed")
+            return prompt_token_ids(self.tokenizer, messages, self.chat_template,
+                                    self.cfg.policy.generation.chat_template.generation_prompt_kwargs)
 
     def _sampling(self, prompt_lengths: list[int], n: int, temperature: float, seed: int) -> SamplingParams:
         gen = self.cfg.policy.generation
@@ -313,6 +317,17 @@ class GRPOTrainer:
             if code or payload is None:
                 raise StepAbandoned(code or stopping.TERM)
         samples, rewards, metrics = payload
+        metrics.update(self.learn(step, samples, rewards))
+        self.engine_is_current = False
+        phases = dict(self.timer.seconds)
+        elapsed = time.perf_counter() - started
+        metrics["train/tokens_per_s"] = sum(len(s.token_ids) for s in samples) / elapsed
+        return metrics | {f"time/{name}": seconds for name, seconds in phases.items()}
+
+    def learn(self, step: int, samples: list[Sample], rewards: list[float]) -> dict[str, float]:
+        """Advantages, logprobs and the optimizer steps on the step's rollouts (every rank holds all
+        of them; groups consecutive). Raises StepAbandoned when a stop comes before anything trained."""
+        metrics: dict[str, float] = {}
         # Mini-batch j is the j-th slice of the step's rollouts; each rank trains on every
         # world_size-th of it. Filters shrink the step; the same number of optimizer steps remains.
         positions = [list(range(a, b))[self.world.rank::self.world.world_size]
@@ -366,15 +381,11 @@ class GRPOTrainer:
                     for key, value in result.items():
                         train_metrics[key] = train_metrics.get(key, 0.0) + value / (
                             len(mini_batches) * self.cfg.loss_fn.ppo_epochs)
-            self.engine_is_current = False
         interval = self.cfg.loss_fn.reference_model.update_interval
         if self.reference is not None and interval > 0 and step % interval == 0:
             self.reference.copy_weights_from(self.policy)
         metrics.update({f"train/{k}": v for k, v in train_metrics.items()})
-        phases = dict(self.timer.seconds)
-        elapsed = time.perf_counter() - started
-        metrics["train/tokens_per_s"] = sum(len(s.token_ids) for s in samples) / elapsed
-        return metrics | {f"time/{name}": seconds for name, seconds in phases.items()}
+        return metrics
 
     # --- run ----------------------------------------------------------------------------------
 
@@ -387,6 +398,7 @@ class GRPOTrainer:
         if path is None:
             return 0
         state = self.checkpoints.load(path, self.policy.model, self.policy.optimizer, self.policy.scheduler)
+        self.resumed_state = state
         if self.world.is_main:
             for loader, loader_state in zip(self.loaders, state["loaders"]):
                 loader.load_state_dict(loader_state)
@@ -506,9 +518,12 @@ def main(stopper: "stopping.StopRequests | None" = None) -> int:
         else torch.device("cpu")
     torch.manual_seed(cfg.policy.seed)
     world = init_trainer_world(device, timeout_s=float(os.environ.get("DOCKYARD_COLLECTIVE_TIMEOUT_S", 1800)))
+    trainer_class = GRPOTrainer
+    if cfg.grpo.async_grpo.enabled:   # its own loop, in its own module
+        from dockyard.loop.async_grpo import AsyncGRPOTrainer as trainer_class
     try:
-        trainer = GRPOTrainer(cfg, world, device, json.loads(os.environ.get("DOCKYARD_REPLICAS", "[]")),
-                              int(os.environ.get("DOCKYARD_WEIGHT_SYNC_PORT", 0)))
+        trainer = trainer_class(cfg, world, device, json.loads(os.environ.get("DOCKYARD_REPLICAS", "[]")),
+                                int(os.environ.get("DOCKYARD_WEIGHT_SYNC_PORT", 0)))
         if stopper is not None:
             trainer.stopper = stopper
             if world.is_main:
@@ -520,7 +535,7 @@ def main(stopper: "stopping.StopRequests | None" = None) -> int:
     except DatasetError as err:
         print(f"dockyard: data error: {err}", file=sys.stderr, flush=True)
         return 2
-    except (ReferenceModelError, PolicySetupError) as err:
+    except (ReferenceModelError, PolicySetupError, ConfigError) as err:
         print(f"dockyard: {err}", file=sys.stderr, flush=True)
         return 2
     finally:

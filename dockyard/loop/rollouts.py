@@ -39,6 +39,7 @@ class Trajectory:
     finish_reason: str = "stop"
     max_tokens: int = 0
     error: str | None = None
+    versions: list[int] | None = None   # async: the weights version that sampled each response token
 
 
 @dataclass
@@ -198,6 +199,17 @@ class RolloutCollector:
             prompts = self._draw(min(math.ceil(need * sampler.refill_ratio), sampler.max_refill_count))
         kept = kept[:self.want]
         self._print_samples(sampled)
+        metrics = self.batch_metrics(sampled, kept, dropped)
+        metrics["sampling/refills"] = float(refills)
+        return kept, metrics
+
+    def keep_groups(self, groups: list[Group]) -> tuple[list[Group], dict[str, int]]:
+        """The groups that pass the configured filters, and how many each filter dropped."""
+        dropped = {name: 0 for name, _ in self.filters}
+        return [g for g in groups if self._keep(g, dropped)], dropped
+
+    def batch_metrics(self, sampled: list[Group], kept: list[Group], dropped: dict[str, int]) -> dict[str, float]:
+        """Reward, sampling and generation figures over everything sampled for a step."""
         every = [t for g in sampled for t in g.trajectories]
         raw = torch.tensor([t.raw_reward for t in every])
         final = torch.tensor([t.reward for t in every])
@@ -205,7 +217,6 @@ class RolloutCollector:
                    "reward/raw_mean": float(raw.mean()),
                    "accuracy": float((raw >= 1.0).float().mean()),
                    "sampling/groups_sampled": float(len(sampled)), "sampling/groups_kept": float(len(kept)),
-                   "sampling/refills": float(refills),
                    "sampling/failed_trajectories": float(sum(t.status == FAILED for t in every)),
                    "sampling/retried_trajectories": float(sum(t.attempts > 1 for t in every)),
                    "sampling/invalid_actions": float(sum(not t.action_valid for t in every))}
@@ -217,4 +228,4 @@ class RolloutCollector:
         metrics["gen/mean_response_tokens"] = sum(lengths) / len(lengths)
         metrics["gen/generated_tokens"] = float(sum(lengths))
         metrics["gen/truncated_fraction"] = sum(t.finish_reason == "length" for t in every) / len(every)
-        return kept, metrics
+        return metrics

@@ -24,7 +24,6 @@ def _components(cfg: MasterConfig) -> list[tuple[str, str, str | None]]:
 def _features(cfg: MasterConfig) -> list[tuple[str, bool]]:
     grpo, logger = cfg.grpo, cfg.logger
     return [
-        ("grpo.async_grpo.enabled", grpo.async_grpo.enabled),
         ("grpo.skip_prev_logprobs", grpo.skip_prev_logprobs),
         ("grpo.run_mode", grpo.run_mode != "default"),
         ("policy.lora.enabled", cfg.policy.lora.enabled),
@@ -53,6 +52,9 @@ def unsupported(cfg: MasterConfig) -> list[Problem]:
         problems.append(Problem("policy.generation.allow_multimodal_inputs", "the GRPO loop does not train on "
                                 "image inputs yet: its datasets carry no images and the policy's logprobs "
                                 "would ignore them; turn it off"))
+    if cfg.grpo.async_grpo.enabled and cfg.env.agent is not None:
+        problems.append(Problem("grpo.async_grpo.enabled", "the async loop runs single-turn environments in "
+                                "this version; multi-turn agents (env.agent) run in the sync loop; turn it off"))
     problems += _agent_setup(cfg) if not problems else []
     return problems
 
