@@ -1,8 +1,8 @@
 """Learning run: SmolLM2-135M greedy accuracy on held-out one-digit arithmetic, before and after GRPO.
 
-    python bench/learning_run.py [--steps 100] [--val-every 10] [overrides...]
+    python bench/learning_run.py [--config grpo_math_smol.yaml] [--steps 100] [--val-every 10] [overrides...]
 
-Runs configs/grpo_math_smol.yaml (validation at start and every --val-every steps on the 200
+Runs configs/grpo_math_smol.yaml (or --config, e.g. grpo_math_smol_async.yaml) (validation at start and every --val-every steps on the 200
 held-out prompts) and prints accuracy against cumulative training time (validation and checkpoint
 time excluded). Target: +40 points within 15 minutes on a 2-core CPU.
 """
@@ -19,6 +19,7 @@ from _run import run_dockyard
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="grpo_math_smol.yaml")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--val-every", type=int, default=10)
     parser.add_argument("--keep", help="run in this folder and keep it (default: a temporary folder)")
@@ -26,7 +27,7 @@ def main() -> int:
     args = parser.parse_args()
     folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="dockyard-learning-"))
     folder.mkdir(parents=True, exist_ok=True)
-    rows = run_dockyard("grpo_math_smol.yaml", [f"grpo.max_num_steps={args.steps}", f"grpo.val_period={args.val_every}",
+    rows = run_dockyard(args.config, [f"grpo.max_num_steps={args.steps}", f"grpo.val_period={args.val_every}",
                                                 "grpo.val_at_start=true", "checkpointing.enabled=false",
                                                 *args.overrides], folder)
     start = next(r["val/accuracy"] for r in rows if r["step"] == 0)

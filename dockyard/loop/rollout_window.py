@@ -17,9 +17,9 @@ Strategies:
 - `no-window`: start whenever an open slot is free; a step takes the first groups to finish.
   Most throughput; a step favours short answers, and a slow group can be overtaken until it is too
   stale and dropped.
-- `window-gated`: groups start only within `capacity` start numbers of the oldest open group, so a
-  straggler holds the window until it finishes (it never falls far behind); steps still take the
-  first groups to finish.
+- `window-gated`: groups start only within `capacity` start numbers of the oldest group still
+  running, so a straggler holds the window until it finishes (it never falls far behind); steps
+  still take the first groups to finish.
 - `windowed-fifo`: the same window, and a step takes groups strictly in start order: a finished
   group waits behind an unfinished earlier one. No length bias and a reproducible order, paid for
   with head-of-line waiting.
@@ -58,7 +58,8 @@ class DispatchWindow:
         # the next group is the (taken + open)-th to be taken: by the step training version (taken+open)//B
         room = min(room, (version + self.max_lag + 1) * self.batch - (self.taken + open_count))
         if self.strategy != "no-window":
-            oldest = min(self.version_of, default=self.next_number)
+            # anchored at the oldest group still running (a finished one only waits to be taken)
+            oldest = min((n for n in self.version_of if n not in self.finished), default=self.next_number)
             room = min(room, oldest + self.capacity - self.next_number)
         return max(0, room)
 
