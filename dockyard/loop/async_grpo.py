@@ -13,6 +13,7 @@ validation) are the sync loop's (grpo.py).
 
 from __future__ import annotations
 
+import sys
 import time
 
 from dockyard.config import constraints
@@ -93,6 +94,8 @@ class AsyncGRPOTrainer(GRPOTrainer):
         metrics["gen/mean_response_tokens"] = metrics["gen/generated_tokens"] / len(every)
         metrics["async/lag"] = list(self.driver.last_lags)   # per group: versions between sampling and training
         metrics["async/lag_max"] = float(max(self.driver.last_lags))
+        # the dataset rows this step trains on: a resumed run can be checked for rows trained twice or lost
+        metrics["async/prompt_rows"] = [ticket.row for ticket in self.driver.taken]
         trajectories = [t for g in kept for t in g.trajectories]
         return [t.sample for t in trajectories], [t.reward for t in trajectories], metrics
 
@@ -118,6 +121,9 @@ class AsyncGRPOTrainer(GRPOTrainer):
         if self.world.is_main:
             self.weights_out.push(weights)
             saved = (self.resumed_state or {}).get("async") or {}
+            if saved.get("replay"):
+                print(f"dockyard: async: {len(saved['replay'])} prompt group(s) drawn but not trained before the "
+                      "stop are started again first", file=sys.stderr, flush=True)
             self.driver = RolloutDriver(
                 self.cfg, self.client, self.collector, self.loaders[0], self._prompt_ids, self.collector.sampling,
                 self.weights_out.push, version=start, replay=saved.get("replay"), seed=self.cfg.policy.seed).start()

@@ -122,7 +122,7 @@ class RolloutDriver:
         """Until the fleet serves `version` (validation measures the weights just trained)."""
         deadline = time.monotonic() + timeout_s
         with self.cond:
-            while self.version < version:
+            while self.version < version and not self.closing:
                 self._raise_error()
                 if time.monotonic() > deadline:
                     raise GenerationServerError(f"async GRPO: the rollout fleet did not install weights version "
@@ -135,6 +135,8 @@ class RolloutDriver:
         `stop()` turns true first. Raises when no group finishes for `timeout_s`."""
         with self.cond:
             while True:
+                if stop():
+                    return None   # before any error: servers stopped by Slurm with the job fail requests
                 self._raise_error()
                 for number in self.window.drop_stale(trainer_version):
                     ticket = self.tickets.pop(number)
@@ -148,8 +150,6 @@ class RolloutDriver:
                     self.last_lags = [trainer_version - t.version for t in tickets]
                     self.cond.notify_all()
                     return [t.group for t in tickets]  # type: ignore[misc]
-                if stop():
-                    return None
                 if time.monotonic() - self.last_finish > timeout_s:
                     raise GenerationServerError(
                         f"async GRPO: waited {timeout_s:.0f} s (grpo.sampler.rollout_timeout_s) for the step's "
@@ -227,9 +227,11 @@ class RolloutDriver:
             self._abort_inflight(timeout_s=self.cfg.grpo.sampler.rollout_timeout_s)
         else:
             with self.cond:
-                while self.inflight:
+                while self.inflight and not self.closing:
                     self._raise_error()
                     self.cond.wait(0.5)
+        if self.closing:
+            return
         self.push(weights)
         with self.cond:
             self.version = version
