@@ -30,16 +30,18 @@ class Transcript:
     tokens: list[int] = field(default_factory=list)      # everything after the first prompt
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)   # weights version per token (-1: not sampled)
     turns: int = 0
 
     @property
     def ids(self) -> list[int]:
         return self.prompt_ids + self.tokens
 
-    def add_sampled(self, token_ids: list[int], logprobs: list[float]) -> None:
+    def add_sampled(self, token_ids: list[int], logprobs: list[float], versions: list[int] | None = None) -> None:
         self.tokens += token_ids
         self.mask += [1] * len(token_ids)
         self.logprobs += list(logprobs)
+        self.versions += list(versions) if versions is not None else [0] * len(token_ids)
         self.turns += 1
 
     def extend(self, previous: list[int], added: list[int]) -> None:
@@ -49,6 +51,7 @@ class Transcript:
         self.tokens += added
         self.mask += [0] * len(added)
         self.logprobs += [0.0] * len(added)
+        self.versions += [-1] * len(added)
 
 
 class MessageBridge:

@@ -115,6 +115,10 @@ def render() -> str:
             "Checked after the schema, all at once; each problem names the field to change.", ""]
     for rule in constraints.RULES:
         out.append(f"- **{rule.__name__}**: {(rule.__doc__ or '').strip()}")
+    out += ["", "## Advice", "", "Valid, but recommended against: printed as a warning by `dockyard validate`, "
+            "`dockyard run` and `dockyard-submit`, never refused.", ""]
+    for rule in constraints.ADVICE:
+        out.append(f"- **{rule.__name__}**: {(rule.__doc__ or '').strip()}")
     return "\n".join(out) + "\n"
 
 

@@ -35,6 +35,7 @@ class Completion:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str  # "stop", "length" or "abort"
+    versions: list[int] | None = None   # async: the weights version that sampled each token
 
 
 class Aborted(Exception):

@@ -165,7 +165,8 @@ class AgentRolloutCollector(RolloutCollector):
                         completions = self.generate([e.transcript.ids for e in batch], params)
                         for completion in completions:
                             episode = batch[completion.prompt_index]
-                            episode.transcript.add_sampled(completion.token_ids, completion.logprobs)
+                            episode.transcript.add_sampled(completion.token_ids, completion.logprobs,
+                                                           completion.versions)
                             episode.finish_reason = completion.finish_reason
                             ended = bool(completion.token_ids) and completion.token_ids[-1:] == self.agent.bridge.end_ids[-1:]
                             replies.append((episode, self.decode(completion.token_ids), ended))
@@ -184,7 +185,7 @@ class AgentRolloutCollector(RolloutCollector):
                         loss_mask=list(transcript.mask), rollout_logprobs=list(transcript.logprobs))
         trajectory = Trajectory(sample, episode.reward, finish_reason=episode.finish_reason,
                                 max_tokens=self.max_total - len(transcript.prompt_ids), attempts=attempt,
-                                action_valid=episode.invalid_actions == 0)
+                                action_valid=episode.invalid_actions == 0, versions=list(transcript.versions))
         if episode.error is not None or not transcript.tokens:
             trajectory.status, trajectory.error = FAILED, episode.error or "no tokens were generated"
             trajectory.raw_reward = 0.0

@@ -56,6 +56,8 @@ class AsyncGRPOTrainer(GRPOTrainer):
     def train_step(self, step: int) -> dict[str, float]:
         self.timer.seconds = {}
         started = time.perf_counter()
+        if self.world.is_main:
+            self.collector.step = step   # names the trajectory dump files of what is sampled from now on
         payload = self._take(step) if self.world.is_main else None
         payload = self._broadcast(payload)
         if self.stopper is not None:
@@ -90,7 +92,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
         metrics = self.collector.batch_metrics(groups, kept, dropped)
         every = [t for g in groups for t in g.trajectories]
         # what the sampler generated: with masked off-policy tokens the loss mask undercounts it
-        metrics["gen/generated_tokens"] = float(sum(len(t.versions or []) for t in every))
+        metrics["gen/generated_tokens"] = float(sum(sum(v >= 0 for v in t.versions or []) for t in every))
         metrics["gen/mean_response_tokens"] = metrics["gen/generated_tokens"] / len(every)
         metrics["async/lag"] = list(self.driver.last_lags)   # per group: versions between sampling and training
         metrics["async/lag_max"] = float(max(self.driver.last_lags))
@@ -124,9 +126,8 @@ class AsyncGRPOTrainer(GRPOTrainer):
             if saved.get("replay"):
                 print(f"dockyard: async: {len(saved['replay'])} prompt group(s) drawn but not trained before the "
                       "stop are started again first", file=sys.stderr, flush=True)
-            self.driver = RolloutDriver(
-                self.cfg, self.client, self.collector, self.loaders[0], self._prompt_ids, self.collector.sampling,
-                self.weights_out.push, version=start, replay=saved.get("replay"), seed=self.cfg.policy.seed).start()
+            self.driver = RolloutDriver(self.cfg, self.client, self.collector, self.loaders[0], self.weights_out.push,
+                                        version=start, replay=saved.get("replay"), seed=self.cfg.policy.seed).start()
         del weights
         self.published = start
         try:

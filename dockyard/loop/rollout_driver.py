@@ -1,14 +1,16 @@
 """The async rollout driver, on trainer rank 0: keeps the rollout fleet busy while the trainer trains.
 
-A thread of its own starts prompt groups (one generation request per group, so a replica batches
-whatever is in flight) within the DispatchWindow's capacity, staleness and window rules; finished
-groups are scored and wait in the window until a step takes them. Every sampled token is tagged
-with the weights version that sampled it.
+A thread of its own starts prompt groups within the DispatchWindow's capacity, lag and window
+rules. Each group runs in a worker thread through the step collector's own `_sample_groups` (the
+single-turn sampler, or the multi-turn agent episodes: scoring, retries and reward transforms
+included), whose engine calls go through the driver's `generate`: one request per group (per turn,
+for agents), so a replica batches whatever is in flight, and every sampled token is tagged with the
+weights version that sampled it. Finished groups wait in the window until a step takes them.
 
 Refit: the trainer publishes each step's weights; the driver installs them on every replica between
 requests, never under one, so a request's tokens all come from one version:
 - partial_rollout false: no request starts while weights wait; the ones in flight finish with the
-  weights they started with, then the new weights go in;
+  weights they started with, then the new weights go in (an agent's next turn is a new request);
 - partial_rollout true: requests in flight are aborted at once, the new weights go in, and each
   unfinished sample continues from its last token (prompt + tokens so far) under the new version,
   keeping what was sampled. mask_offpolicy_in_partial_rollout gives the older tokens loss mask 0.
@@ -28,29 +30,28 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from dockyard.algorithms.group_filters import FAILED
 from dockyard.config.schema import MasterConfig
 from dockyard.data.datasets import Prompt, PromptLoader
 from dockyard.generation.engine import Completion, SamplingParams
 from dockyard.generation.generator import GenerationServerError, Generator
 from dockyard.loop.rollout_window import DispatchWindow
-from dockyard.loop.rollouts import Group, RolloutCollector, Trajectory
+from dockyard.loop.rollouts import Group, RolloutCollector
 
 ABORT_RETRY_S = 0.2
 
 
+class _Closing(Exception):
+    """The driver is stopping: a group's worker leaves without a result."""
+
+
 @dataclass
-class _Slot:
-    """One sample of a group, across its partial continuations and retries."""
+class _Sample:
+    """One sample of a generate call, across its partial continuations."""
+    prompt_index: int
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     finish_reason: str | None = None     # None while it still has tokens to sample
-    attempts: int = 1
-    trajectory: Trajectory | None = None
-
-    def reset(self) -> None:
-        self.tokens, self.logprobs, self.versions, self.finish_reason = [], [], [], None
 
 
 @dataclass
@@ -58,41 +59,25 @@ class GroupTicket:
     number: int                # start number (DispatchWindow)
     row: int                   # the prompt's row in the loader's dataset
     prompt: Prompt
-    prompt_ids: list[int]
-    slots: list[_Slot]
-    max_tokens: int
     version: int               # weights version it started under
-    calls: int = 0
-    resumes: int = 0           # samples continued after an abort (partial rollout)
     group: Group | None = None
-
-    @property
-    def pending(self) -> list[int]:
-        return [i for i, slot in enumerate(self.slots) if slot.finish_reason is None]
-
 
 
 class RolloutDriver:
     def __init__(self, cfg: MasterConfig, fleet: Generator, collector: RolloutCollector, loader: PromptLoader,
-                 prompt_ids: Callable[[Prompt], list[int]], sampling: Callable[..., SamplingParams],
-                 push: Callable[[dict], None], version: int, replay: list[int] | None = None,
-                 seed: int = 0):
+                 push: Callable[[dict], None], version: int, replay: list[int] | None = None, seed: int = 0):
         a = cfg.grpo.async_grpo
-        self.cfg, self.fleet, self.collector, self.loader = cfg, fleet, collector, loader
-        self.prompt_ids, self.sampling, self.push = prompt_ids, sampling, push
-        self.group_size = cfg.grpo.num_generations_per_prompt
+        self.cfg, self.fleet, self.collector, self.loader, self.push = cfg, fleet, collector, loader, push
         self.batch = cfg.grpo.num_prompts_per_step
         self.partial, self.mask_offpolicy = a.partial_rollout, a.mask_offpolicy_in_partial_rollout
-        self.retry_limit = cfg.grpo.retry_limit
         self.window = DispatchWindow(self.batch, a.max_staleness_steps, a.sliding_window)
-        self.version = version
-        self.seed = seed
+        self.version, self.seed = version, seed
         self.replay = list(replay or [])          # rows to start before drawing new ones
         self.tickets: dict[int, GroupTicket] = {}   # open groups
         self.taken: list[GroupTicket] = []          # taken by a step, not yet trained
-        self.continuations: list[GroupTicket] = []  # partial samples waiting for new weights
-        self.inflight = 0
+        self.inflight = 0                           # generation requests in flight
         self.pending_weights: tuple[dict, int] | None = None
+        self.refitting = False
         self.error: BaseException | None = None
         self.closing = False
         self.cond = threading.Condition()
@@ -100,8 +85,16 @@ class RolloutDriver:
                          "refit_seconds": 0.0, "generator_idle_seconds": 0.0}
         self.last_finish = time.monotonic()
         self.last_lags: list[int] = []      # weights versions between sampling and training, per group taken
+        # Multi-turn groups hold sandboxes for all their episodes: no more groups at once than the
+        # environment holds episodes (env.sandbox.max_concurrent), or their episodes would wait on
+        # each other's slots.
+        holds = getattr(collector.env, "capacity", None) if getattr(collector, "agent", None) is not None else None
+        self.group_slots = threading.BoundedSemaphore(max(1, holds // collector.group_size) if holds else
+                                                      self.window.capacity)
         self.pool = ThreadPoolExecutor(max_workers=self.window.capacity, thread_name_prefix="rollout")
         self.thread = threading.Thread(target=self._drive, name="rollout-driver", daemon=True)
+        collector.generate = self.generate
+        collector.timer = lambda name: _NO_TIMER   # phases are the trainer's; generation runs beside them
 
     def start(self) -> "RolloutDriver":
         self.thread.start()
@@ -192,6 +185,74 @@ class RolloutDriver:
         self.thread.join(timeout=30)
         self.pool.shutdown(wait=False, cancel_futures=True)
 
+    # --- the collectors' engine call (worker threads) ----------------------------------------
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams, images=None) -> list[Completion]:
+        """The fleet's generate, between refits: each request runs under one weights version; with
+        partial rollouts a sample aborted by a refit continues under the new weights, keeping its
+        tokens. Every completion carries its tokens' versions."""
+        samples = [_Sample(i) for i in range(len(prompts)) for _ in range(params.n)]
+        calls = 0
+        while pending := [s for s in samples if s.finish_reason is None]:
+            version = self._begin_request()
+            try:
+                if calls == 0:
+                    got = self.fleet.generate(prompts, params, images)
+                    by_prompt: dict[int, list[_Sample]] = {}
+                    for sample in samples:
+                        by_prompt.setdefault(sample.prompt_index, []).append(sample)
+                    placed = [(by_prompt[c.prompt_index].pop(0), c) for c in got]
+                else:
+                    room = max(params.max_tokens - len(s.tokens) for s in pending)
+                    seed = None if params.seed is None else params.seed + 104_723 * calls
+                    got = self.fleet.generate([prompts[s.prompt_index] + s.tokens for s in pending],
+                                              replace(params, n=1, max_tokens=room, seed=seed),
+                                              None if images is None else [images[s.prompt_index] for s in pending])
+                    placed = [(pending[c.prompt_index], c) for c in got]
+            finally:
+                self._end_request()
+            calls += 1
+            for sample, completion in placed:
+                self._extend(sample, completion, version, params.max_tokens)
+        return [Completion(s.prompt_index, s.tokens, s.logprobs, s.finish_reason, s.versions)  # type: ignore[arg-type]
+                for s in samples]
+
+    def _extend(self, sample: _Sample, completion: Completion, version: int, max_tokens: int) -> None:
+        room = max_tokens - len(sample.tokens)
+        tokens = completion.token_ids[:room]
+        if sample.tokens and tokens:
+            with self.cond:
+                self.counters["partial_resumes"] += 1
+        sample.tokens += tokens
+        sample.logprobs += completion.logprobs[:room]
+        sample.versions += [version] * len(tokens)
+        if completion.finish_reason == "abort":
+            if self.closing:
+                raise _Closing()
+            if len(sample.tokens) >= max_tokens:
+                sample.finish_reason = "length"
+            elif not self.partial:
+                # only a stop aborts without partial rollouts; start the sample again should one get here
+                sample.tokens, sample.logprobs, sample.versions = [], [], []
+            return
+        sample.finish_reason = "length" if len(completion.token_ids) > room else completion.finish_reason
+
+    def _begin_request(self) -> int:
+        """Wait while new weights wait to be installed (no request may straddle a refit); the
+        version the request runs under."""
+        with self.cond:
+            while (self.pending_weights is not None or self.refitting) and not self.closing:
+                self.cond.wait(0.5)
+            if self.closing:
+                raise _Closing()
+            self.inflight += 1
+            return self.version
+
+    def _end_request(self) -> None:
+        with self.cond:
+            self.inflight -= 1
+            self.cond.notify_all()
+
     # --- the driver thread ------------------------------------------------------------------
 
     def _raise_error(self) -> None:
@@ -204,18 +265,21 @@ class RolloutDriver:
                 with self.cond:
                     if self.closing:
                         return
-                    if self.pending_weights is not None:
-                        weights, version = self.pending_weights
-                        self.pending_weights = None
-                    else:
-                        weights = None
+                    if self.pending_weights is None:
                         self._start_groups()
                         idle_since = time.monotonic() if self.inflight == 0 else None
                         self.cond.wait(0.5)
                         if idle_since is not None:
                             self.counters["generator_idle_seconds"] += time.monotonic() - idle_since
                         continue
-                self._refit(weights, version)
+                    (weights, version), self.pending_weights = self.pending_weights, None
+                    self.refitting = True
+                try:
+                    self._refit(weights, version)
+                finally:
+                    with self.cond:
+                        self.refitting = False
+                        self.cond.notify_all()
         except BaseException as err:  # the trainer raises it from take / wait_version
             with self.cond:
                 self.error = err
@@ -237,7 +301,6 @@ class RolloutDriver:
             self.version = version
             self.counters["refits"] += 1
             self.counters["refit_seconds"] += time.monotonic() - started
-            self.cond.notify_all()
 
     def _abort_inflight(self, timeout_s: float) -> None:
         # an abort can reach a replica just before a request does; repeat until every call returned
@@ -257,105 +320,54 @@ class RolloutDriver:
                 self.cond.wait(ABORT_RETRY_S)
 
     def _start_groups(self) -> None:
-        """(cond held) continuations first, then new groups the window admits."""
-        for ticket in self.continuations:
-            self._submit(ticket)
-        self.continuations = []
+        """(cond held) the groups the window admits now."""
         for _ in range(self.window.startable(self.version)):
             row = self.replay.pop(0) if self.replay else self.loader.take_rows(1)[0]
-            prompt = self.loader.prompts[row]
-            number = self.window.start(self.version)
-            ids = self.prompt_ids(prompt)
-            max_tokens = self.sampling([len(ids)], 1, 0).max_tokens
-            ticket = GroupTicket(number, row, prompt, ids, [_Slot() for _ in range(self.group_size)], max_tokens,
-                                 self.version)
-            self.tickets[number] = ticket
-            self._submit(ticket)
+            ticket = GroupTicket(self.window.start(self.version), row, self.loader.prompts[row], self.version)
+            self.tickets[ticket.number] = ticket
+            self.pool.submit(self._run_group, ticket)
 
-    def _submit(self, ticket: GroupTicket) -> None:
-        self.inflight += 1
-        ticket.calls += 1
-        self.pool.submit(self._call, ticket, self.version)
-
-    def _call(self, ticket: GroupTicket, version: int) -> None:
-        """One generation request for the group's unfinished samples, under weights `version`."""
+    def _run_group(self, ticket: GroupTicket) -> None:
         try:
-            pending = ticket.pending
-            fresh = all(not ticket.slots[i].tokens for i in pending)
-            seed = self.seed * 1_000_003 + ticket.number * 7_919 + ticket.calls
-            if fresh and len(pending) == len(ticket.slots):
-                params = replace(self.sampling([len(ticket.prompt_ids)], len(pending), seed),
-                                 max_tokens=ticket.max_tokens)
-                completions = self.fleet.generate([ticket.prompt_ids], params)
-                placed = list(zip(pending, completions))
-            else:
-                prompts = [ticket.prompt_ids + ticket.slots[i].tokens for i in pending]
-                room = max(ticket.max_tokens - len(ticket.slots[i].tokens) for i in pending)
-                params = replace(self.sampling([len(p) for p in prompts], 1, seed), max_tokens=room)
-                completions = sorted(self.fleet.generate(prompts, params), key=lambda c: c.prompt_index)
-                placed = [(pending[c.prompt_index], c) for c in completions]
-            for index, completion in placed:
-                self._extend(ticket, ticket.slots[index], completion, version)
-            self._score_finished(ticket)
+            with self.group_slots:
+                (group,) = self.collector._sample_groups([ticket.prompt], self.seed * 1_000_003 + ticket.number * 7_919)
+            if self.mask_offpolicy:
+                for t in group.trajectories:
+                    _mask_older_versions(t)
+        except _Closing:
+            return
         except BaseException as err:
             with self.cond:
-                self.inflight -= 1
                 if not self.closing:
                     self.error = err
                 self.cond.notify_all()
             return
         with self.cond:
-            self.inflight -= 1
-            if self.closing:
-                pass
-            elif ticket.pending:
-                self.continuations.append(ticket)
-            else:
-                ticket.group = self._group(ticket)
+            if not self.closing:
+                ticket.group = group
                 self.window.finish(ticket.number)
                 self.last_finish = time.monotonic()
             self.cond.notify_all()
 
-    def _extend(self, ticket: GroupTicket, slot: _Slot, completion: Completion, version: int) -> None:
-        room = ticket.max_tokens - len(slot.tokens)
-        tokens, logprobs = completion.token_ids[:room], completion.logprobs[:room]
-        if slot.tokens and tokens:
-            ticket.resumes += 1
-            with self.cond:
-                self.counters["partial_resumes"] += 1
-        slot.tokens += tokens
-        slot.logprobs += logprobs
-        slot.versions += [version] * len(tokens)
-        if completion.finish_reason == "abort":
-            if not self.partial:
-                slot.reset()     # started again from scratch (without partial rollouts only a stop aborts)
-            elif len(slot.tokens) >= ticket.max_tokens:
-                slot.finish_reason = "length"
-            return
-        slot.finish_reason = "length" if len(completion.token_ids) > room else completion.finish_reason
 
-    def _score_finished(self, ticket: GroupTicket) -> None:
-        """Score samples that just finished; a FAILED one is sampled again while attempts remain."""
-        for slot in ticket.slots:
-            if slot.finish_reason is None or slot.trajectory is not None:
-                continue
-            completion = Completion(0, slot.tokens, slot.logprobs, slot.finish_reason)
-            trajectory = self.collector._score(completion, ticket.prompt, ticket.prompt_ids, ticket.max_tokens)
-            trajectory.attempts = slot.attempts
-            trajectory.versions = list(slot.versions)
-            if trajectory.status == FAILED and slot.attempts < self.retry_limit:
-                slot.reset()
-                slot.attempts += 1
-                continue
-            if self.mask_offpolicy and slot.versions and slot.versions[0] != slot.versions[-1]:
-                newest = slot.versions[-1]
-                trajectory.sample.loss_mask = [int(v == newest) for v in slot.versions]
-            slot.trajectory = trajectory
+def _mask_older_versions(trajectory) -> None:
+    """Loss mask 0 on sampled tokens of versions older than the trajectory's newest (a partial
+    rollout's tokens from before its last refit)."""
+    versions = trajectory.versions or []
+    sampled = [v for v in versions if v >= 0]
+    if not sampled or min(sampled) == max(sampled):
+        return
+    newest = max(sampled)
+    mask = trajectory.sample.loss_mask or [1] * len(versions)
+    trajectory.sample.loss_mask = [m if v < 0 or v == newest else 0 for m, v in zip(mask, versions)]
 
-    def _group(self, ticket: GroupTicket) -> Group:
-        group = Group(ticket.prompt, [slot.trajectory for slot in ticket.slots])  # type: ignore[misc]
-        for t in group.trajectories:
-            if t.status == FAILED:
-                t.raw_reward = 0.0
-        self.collector._transform([group])
-        return group
+
+class _NoTimer:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NO_TIMER = _NoTimer()

@@ -39,7 +39,7 @@ class Trajectory:
     finish_reason: str = "stop"
     max_tokens: int = 0
     error: str | None = None
-    versions: list[int] | None = None   # async: the weights version that sampled each response token
+    versions: list[int] | None = None   # async: per response token, the weights version that sampled it (-1: not sampled)
 
 
 @dataclass
@@ -91,7 +91,8 @@ class RolloutCollector:
         text = self.decode(completion.token_ids)
         sample = Sample(token_ids=ids + completion.token_ids, prompt_length=len(ids),
                         rollout_logprobs=list(completion.logprobs))
-        trajectory = Trajectory(sample, 0.0, finish_reason=completion.finish_reason, max_tokens=max_tokens)
+        trajectory = Trajectory(sample, 0.0, finish_reason=completion.finish_reason, max_tokens=max_tokens,
+                                versions=completion.versions)
         try:
             trajectory.raw_reward = float(self.env.score(text, prompt))
             valid = getattr(self.env, "action_valid", None)

@@ -52,9 +52,6 @@ def unsupported(cfg: MasterConfig) -> list[Problem]:
         problems.append(Problem("policy.generation.allow_multimodal_inputs", "the GRPO loop does not train on "
                                 "image inputs yet: its datasets carry no images and the policy's logprobs "
                                 "would ignore them; turn it off"))
-    if cfg.grpo.async_grpo.enabled and cfg.env.agent is not None:
-        problems.append(Problem("grpo.async_grpo.enabled", "the async loop runs single-turn environments in "
-                                "this version; multi-turn agents (env.agent) run in the sync loop; turn it off"))
     problems += _agent_setup(cfg) if not problems else []
     return problems
 

@@ -59,8 +59,7 @@ def make_driver(engine_server, tiny_model, tmp_path, *overrides, max_tokens=8, r
                                  sampling=sampling, decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
     pusher = Pusher(client, tmp_path)
     pusher(version_weights(tiny_model, version))
-    driver = RolloutDriver(cfg, client, collector, loader, prompt_ids, sampling, pusher, version=version,
-                           replay=replay, seed=1)
+    driver = RolloutDriver(cfg, client, collector, loader, pusher, version=version, replay=replay, seed=1)
     return driver, loader, cfg
 
 

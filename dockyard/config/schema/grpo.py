@@ -59,11 +59,13 @@ class AsyncGRPOConfig(Section):
                           "one dataset and loss_fn.is_correction; refuses dynamic sampling and reward "
                           "scaling/shaping.")
     max_staleness_steps: float = field(0.0, "Extra pipeline capacity in training steps: "
-                                       "capacity = int(B x (1 + max_staleness_steps)).", ge=0)
+                                       "capacity = int(B x (1 + max_staleness_steps)); a group that would be trained "
+                                       "more than ceil(max_staleness_steps) weight versions after it started is "
+                                       "dropped and its prompt sampled again (docs/async.md).", ge=0)
     sliding_window: Literal["no-window", "window-gated", "windowed-fifo"] = field(
-        "no-window", "How prompt groups are dispatched and collected.")
-    partial_rollout: bool = field(False, "Abort in-flight generations at step boundaries and resume them "
-                                  "next step, keeping the tokens already generated.")
+        "no-window", "How prompt groups are dispatched and collected (docs/async.md#sliding-windows).")
+    partial_rollout: bool = field(False, "Abort in-flight generations when new weights arrive and continue them "
+                                  "with the new weights, keeping the tokens already generated.")
     mask_offpolicy_in_partial_rollout: bool = field(False, "Give loss_mask 0 to resumed tokens generated "
                                                     "under older weights.", "Needs partial_rollout.")
 
