@@ -78,10 +78,12 @@ class AgentRolloutCollector(RolloutCollector):
         except Exception as err:
             episode.done, episode.error, episode.ended_by = True, f"{type(err).__name__}: {err}", "error"
 
-    def _act(self, episode: Episode, reply: str, reply_ended: bool) -> None:
+    def _act(self, episode: Episode, reply: str, reply_ended: bool, versions: list[int] | None = None) -> None:
         """Read the reply; run its action; add the observation's tokens (or end the episode)."""
         action = self.agent.act(reply)
         turn = {"reply": reply, "action": action.kind}
+        if versions:   # async: the weights version(s) that sampled this turn
+            turn["weights_versions"] = sorted(set(versions))
         episode.turns.append(turn)
         if action.kind == "submit":
             episode.done, episode.ended_by = True, "submit"
@@ -157,7 +159,7 @@ class AgentRolloutCollector(RolloutCollector):
                     room = self.max_total - len(episode.transcript.ids)
                     params = self.sampling([len(episode.transcript.ids)], 1, seed + 7_919 * turn, temperature)
                     budgets.setdefault(min(room, params.max_tokens), []).append(episode)
-                replies: list[tuple[Episode, str, bool]] = []
+                replies: list[tuple[Episode, str, bool, list[int] | None]] = []
                 with self.timer("generate"):
                     for budget, batch in budgets.items():
                         params = replace(self.sampling([len(e.transcript.ids) for e in batch], 1, seed + 7_919 * turn,
@@ -169,7 +171,7 @@ class AgentRolloutCollector(RolloutCollector):
                                                            completion.versions)
                             episode.finish_reason = completion.finish_reason
                             ended = bool(completion.token_ids) and completion.token_ids[-1:] == self.agent.bridge.end_ids[-1:]
-                            replies.append((episode, self.decode(completion.token_ids), ended))
+                            replies.append((episode, self.decode(completion.token_ids), ended, completion.versions))
                 with self.timer("environment"):
                     list(pool.map(lambda r: self._act(*r), replies))
                 turn += 1

@@ -30,3 +30,33 @@ def test_the_terminal_preset_trains_a_step_on_multi_turn_episodes(tiny_model, tm
     assert len(records) == 4
     assert all(r["error"] is None and r["turns"] and "tests" in r["sandbox_events"][-1] for r in records)
     assert {r["task"]["name"] for r in records} <= {p.name for p in (REPO / "tasks" / "terminal_bench").iterdir()}
+
+
+def test_the_terminal_preset_runs_async_with_partial_rollouts(tiny_model, tmp_path):
+    """The agent episodes in the async loop: each turn is a request under one weights version (or
+    continued across a refit), every turn's versions are in the trajectory dump, and a step trains
+    groups at most one version old."""
+    result = subprocess.run(
+        [sys.executable, "-m", "dockyard.cli", "run", "--config", "grpo_terminal_bench_local.yaml",
+         f"models_dir={tiny_model.parent}", f"policy.model_name={tiny_model}",
+         f"data.datasets.0.path={REPO / 'tasks' / 'terminal_bench' / 'tasks.jsonl'}",
+         "policy.max_total_sequence_length=512", "policy.generation.max_new_tokens=24", "grpo.max_rollout_turns=3",
+         "grpo.max_num_steps=3", "grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=2",
+         "policy.train_global_batch_size=4", "policy.dynamic_batching.enabled=false", "checkpointing.enabled=false",
+         "grpo.async_grpo.enabled=true", "grpo.async_grpo.max_staleness_steps=1",
+         "grpo.async_grpo.partial_rollout=true", "grpo.async_grpo.mask_offpolicy_in_partial_rollout=true",
+         "loss_fn.is_correction.enabled=true", "loss_fn.is_correction.lower_bound=0.5",
+         "loss_fn.is_correction.upper_bound=2.0", "cluster.colocate=false", "cluster.num_nodes=2",
+         "cluster.trainer.num_nodes=1", "cluster.rollout.num_nodes=1"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run = tmp_path / "runs" / "grpo_terminal_bench_local"
+    rows = [json.loads(line) for line in (run / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(max(r["async/lag"]) <= 1 for r in rows) and rows[0]["async/lag"] == [0, 0]
+    records = [json.loads(line) for path in sorted((run / "trajectories").glob("train_step_*.jsonl"))
+               for line in path.read_text().splitlines()]
+    assert len(records) >= 12    # every episode sampled (some run ahead of the last step)
+    turns = [turn for r in records for turn in r["turns"]]
+    assert turns and all(turn["weights_versions"] for turn in turns)
+    assert {v for turn in turns for v in turn["weights_versions"]} >= {0, 1}
