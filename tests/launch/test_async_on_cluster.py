@@ -6,12 +6,11 @@ servers of each incarnation are started again and refitted from the checkpoint."
 import os
 import random
 import re
-import subprocess
 import time
 
-from dockyard.waiting import wait_until
 from tests.conftest import require_vllm
-from tests.launch.test_preemption_on_cluster import logged_steps, rank0_log, restarts, submit, wait_ended
+from tests.launch.test_preemption_on_cluster import (logged_steps, preempt_then_requeue, rank0_log, restarts,
+                                                    submit, wait_ended)
 from tests.launch.test_vllm_on_cluster import TWO_VLLM, metrics
 
 STEPS = 14
@@ -28,15 +27,7 @@ def test_async_run_with_two_vllm_replicas_survives_two_preemptions(slurm_cluster
     # depend on a periodic one
     job = submit(tmp_path, tiny_model, *TWO_VLLM, *ASYNC, f"grpo.max_num_steps={STEPS}", "checkpointing.save_period=3")
 
-    wait_until(lambda: max(logged_steps(tmp_path), default=0) >= first, 600, f"step {first}")
-    high = subprocess.run(["sbatch", "--parsable", "-p", "high", "-N", "4", "--exclusive",
-                           f"--output={tmp_path}/high.out", "--wrap", "sleep 3"], capture_output=True, text=True,
-                          timeout=30)
-    assert high.returncode == 0, high.stderr
-    wait_until(lambda: restarts(job) >= 1, 180, "the preempted job to be requeued")
-    wait_until(lambda: "restart 1" in rank0_log(tmp_path, job) and max(logged_steps(tmp_path)) >= second, 600,
-               f"the resumed run to reach step {second}")
-    subprocess.run(["scontrol", "requeue", job], check=True, timeout=30)
+    preempt_then_requeue(job, tmp_path, first, second, step_timeout_s=600)
     assert wait_ended(job, 900) == "COMPLETED"
     assert restarts(job) == 2
 

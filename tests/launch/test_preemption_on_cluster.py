@@ -60,6 +60,20 @@ def rank0_log(workdir: Path, job: str) -> str:
     return (workdir / "slurm" / f"{job}_0_log.err").read_text(errors="replace")
 
 
+def preempt_then_requeue(job: str, workdir: Path, first: int, second: int, step_timeout_s: float = 240) -> None:
+    """(a) At step `first` a high-priority job needs all 4 nodes: Slurm preempts this one (USR2 now,
+    SIGTERM after the grace time) and requeues it. (b) Once the resumed run reaches step `second`,
+    `scontrol requeue`: the tasks get SIGTERM, save, and Slurm restarts the job."""
+    wait_until(lambda: max(logged_steps(workdir), default=0) >= first, step_timeout_s, f"step {first}")
+    high = subprocess.run(["sbatch", "--parsable", "-p", "high", "-N", "4", "--exclusive", f"--output={workdir}/high.out",
+                           "--wrap", "sleep 3"], capture_output=True, text=True, timeout=30)
+    assert high.returncode == 0, high.stderr
+    wait_until(lambda: restarts(job) >= 1, 180, "the preempted job to be requeued")
+    wait_until(lambda: "restart 1" in rank0_log(workdir, job) and max(logged_steps(workdir)) >= second,
+               step_timeout_s, f"the resumed run to reach step {second}")
+    subprocess.run(["scontrol", "requeue", job], check=True, timeout=30)
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(slurm_cluster, tmp_path_factory, tiny_model):
     workdir = tmp_path_factory.mktemp("uninterrupted")
@@ -76,17 +90,7 @@ def test_preempted_then_requeued_run_ends_bitwise_equal_to_an_uninterrupted_one(
     print(f"interrupting at steps {first} (partition preemption) and {second} (scontrol requeue)")
     job = submit(tmp_path, tiny_model, f"grpo.max_num_steps={STEPS}", "checkpointing.save_period=1000")
 
-    # (a) a high-priority job needs all 4 nodes: Slurm preempts this one (USR2 now, SIGTERM after the grace time)
-    wait_until(lambda: max(logged_steps(tmp_path), default=0) >= first, 240, f"step {first}")
-    high = subprocess.run(["sbatch", "--parsable", "-p", "high", "-N", "4", "--exclusive", f"--output={tmp_path}/high.out",
-                           "--wrap", "sleep 3"], capture_output=True, text=True, timeout=30)
-    assert high.returncode == 0, high.stderr
-    wait_until(lambda: restarts(job) >= 1, 120, "the preempted job to be requeued")
-    wait_until(lambda: "restart 1" in rank0_log(tmp_path, job) and max(logged_steps(tmp_path)) >= second, 240,
-               f"the resumed run to reach step {second}")
-
-    # (b) scontrol requeue: the tasks get SIGTERM, save, and Slurm restarts the job
-    subprocess.run(["scontrol", "requeue", job], check=True, timeout=30)
+    preempt_then_requeue(job, tmp_path, first, second)
     assert wait_ended(job, 600) == "COMPLETED"
     assert restarts(job) == 2
 

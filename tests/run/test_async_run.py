@@ -70,3 +70,19 @@ def test_a_mini_batch_that_splits_groups_is_advice_not_an_error(tiny_model):
     (advice,) = constraints.advise(cfg)
     assert advice.path == "policy.train_global_batch_size" and "not a multiple of grpo.num_generations_per_prompt (3)" \
         in advice.message
+
+
+def test_the_async_loop_checks_the_seed_rules_again_when_it_starts(tiny_model):
+    """A resolved config edited after validation (or written by hand) still meets the rules: the loop
+    refuses it before building anything."""
+    from dockyard.config import load_config
+    from dockyard.config.errors import ConfigError
+    from dockyard.loop.async_grpo import AsyncGRPOTrainer
+
+    cfg = load_config("grpo_tiny.yaml", [f"models_dir={tiny_model.parent}", *ASYNC]).config
+    cfg.loss_fn.is_correction.enabled = False
+    cfg.grpo.sampler.num_oversample = 2
+    with pytest.raises(ConfigError) as err:
+        AsyncGRPOTrainer(cfg, world=None, device=None, replicas=[], weight_sync_port=0)
+    assert "loss_fn.is_correction.enabled: async GRPO" in str(err.value)
+    assert "grpo.sampler.num_oversample: async GRPO" in str(err.value)
