@@ -337,11 +337,16 @@ class GRPOTrainer:
         local_positions = [i for chunk in positions for i in chunk]
         metrics["train/kept_fraction"] = len(samples) / (self.cfg.grpo.num_prompts_per_step * self.group_size)
         # One optimizer step per rollout batch: the weights that sampled are the ones being trained,
-        # so the training forward supplies the old logprobs and the separate pass is skipped.
+        # so the training forward supplies the old logprobs and the separate pass is skipped. With
+        # IS correction by clipping (weights only, no token dropped) that holds too: the weights
+        # are computed from the forward's detached logprobs, micro-batch by micro-batch.
         loss_cfg = self.cfg.loss_fn
-        safeguards = bool(enabled_safeguards(loss_cfg))
+        safeguards = enabled_safeguards(loss_cfg)
         kl_in_reward = self.reference is not None and loss_cfg.kl_in_reward
-        on_policy = self.num_mini_batches == 1 and loss_cfg.ppo_epochs == 1 and not safeguards and not kl_in_reward
+        one_step = self.num_mini_batches == 1 and loss_cfg.ppo_epochs == 1 and not kl_in_reward
+        in_forward = one_step and safeguards == ["is_correction"] and loss_cfg.is_correction.action == "clip" \
+            and not loss_cfg.use_rollout_logprobs
+        on_policy = one_step and (not safeguards or in_forward)
         with self.timer("logprobs"):
             if loss_cfg.use_rollout_logprobs:
                 old = [torch.tensor(s.rollout_logprobs) for s in local]
@@ -359,7 +364,13 @@ class GRPOTrainer:
             advantages = self.estimator(reward_tensor, [self.group_size] * (len(rewards) // self.group_size))
             for sample, position in zip(local, local_positions):
                 sample.advantage = float(advantages[position])
-        if safeguards:
+        safeguard_figures: list[tuple[float, dict[str, float]]] = []
+        before_loss = None
+        if in_forward:
+            def before_loss(batch: list[Sample], batch_old: list[torch.Tensor]) -> None:
+                tokens = float(sum(s.response_mask().sum() for s in batch))
+                safeguard_figures.append((tokens, apply_safeguards(loss_cfg, batch, batch_old)))
+        elif safeguards:
             metrics.update(apply_safeguards(loss_cfg, local, old))
         with self.timer("train"):
             train_metrics: dict[str, float] = {}
@@ -374,7 +385,7 @@ class GRPOTrainer:
                     try:
                         result = self.policy.train_mini_batch(mb, old[span] if old is not None else None,
                                                               ref[span] if ref else None, self.loss_fn,
-                                                              interrupt=interrupt)
+                                                              interrupt=interrupt, before_loss=before_loss)
                     except TrainingInterrupted:
                         raise StepAbandoned(self.stopper.last) from None
                     offset += len(mb)
@@ -385,6 +396,10 @@ class GRPOTrainer:
         if self.reference is not None and interval > 0 and step % interval == 0:
             self.reference.copy_weights_from(self.policy)
         metrics.update({f"train/{k}": v for k, v in train_metrics.items()})
+        if safeguard_figures:   # token-weighted over the micro-batches
+            total = sum(tokens for tokens, _ in safeguard_figures) or 1.0
+            for name in safeguard_figures[0][1]:
+                metrics[name] = sum(tokens * figures[name] for tokens, figures in safeguard_figures) / total
         return metrics
 
     # --- run ----------------------------------------------------------------------------------

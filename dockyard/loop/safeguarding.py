@@ -31,8 +31,11 @@ def apply_safeguards(cfg: LossConfig, samples: list[Sample], old: list[torch.Ten
             continue
         for sample, w in zip(samples, weights):
             sample.is_weights = w.tolist()
-        clipped = sum(float(((w - torch.exp((o.double() - r).clamp(-20, 20))).abs() > 1e-9).sum())
-                      for w, o, r in zip(weights, old, rollout))
+        # tokens whose weight the clip set to a bound (per token, or every token of a clipped sequence)
+        low = section.lower_bound if section.lower_bound is not None else 0.0
+        high = section.upper_bound if section.upper_bound is not None else float("inf")
+        clipped = sum(float((((w <= low * (1 + 1e-6)) | (w >= high * (1 - 1e-6))).float() * m).sum())
+                      for w, m in zip(weights, masks))
         metrics["safeguard/is_weight_mean"] = float(torch.cat(weights).mean())
         metrics["safeguard/is_clipped_fraction"] = clipped / max(trained, 1.0) if section.action == "clip" else 0.0
     for sample, mask in zip(samples, masks):

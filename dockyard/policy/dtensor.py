@@ -274,10 +274,15 @@ class DTensorPolicy:
 
     def train_mini_batch(self, samples: list[Sample], old_logprobs: list[torch.Tensor] | None,
                          ref_logprobs: list[torch.Tensor] | None, loss_fn,
-                         interrupt: Callable[[], bool] | None = None) -> dict[str, float]:
+                         interrupt: Callable[[], bool] | None = None,
+                         before_loss: Callable[[list[Sample], list[torch.Tensor]], None] | None = None
+                         ) -> dict[str, float]:
         """One optimizer step on this rank's share of a mini-batch. Without `old_logprobs` the
         weights have not moved since sampling, so the forward pass's own (detached) logprobs are
         the old ones: the same numbers as a separate pass, without its cost.
+
+        `before_loss(samples, old)` runs per micro-batch with those logprobs (per sample, response
+        tokens) before its loss: it may set the samples' is_weights (IS correction by clipping).
 
         `interrupt` (a collective every rank calls before each micro-batch) may end the mini-batch
         before its optimizer step: gradients are dropped, weights and optimizer are untouched, and
@@ -305,6 +310,9 @@ class DTensorPolicy:
                 old = logprobs.detach()
             else:
                 old = _stack([old_logprobs[i] for i in batch], width).to(self.device)
+            if before_loss is not None and batch:
+                before_loss([samples[i] for i in batch],
+                            [old[row, width - samples[i].response_length:].cpu() for row, i in enumerate(batch)])
             adv = torch.tensor([samples[i].advantage for i in batch] or [0.0])[:, None].expand_as(logprobs)
             ref = _stack([ref_logprobs[i] for i in batch], width) if (batch and ref_logprobs) else None
             mask, adv = mask.to(self.device), adv.to(self.device)

@@ -36,3 +36,40 @@ def test_masked_response_tokens_train_exactly_like_prompt_tokens(single_rank_wor
     none, _ = build(single_rank_world, tiny_model)
     silent = [Sample(prompt + response, len(prompt), advantage=1.0, loss_mask=[0] * 6)]
     assert none.train_mini_batch(silent, None, None, loss)["grad_norm"] == 0.0
+
+
+def test_is_weights_from_the_training_forward_equal_a_separate_logprob_pass(single_rank_world, tiny_model):
+    """One optimizer step per batch with IS correction by clipping: the weights computed from the
+    training forward's own logprobs (no separate pass) train exactly like precomputed ones."""
+    from dockyard.loop.safeguarding import apply_safeguards
+
+    cfg = load_config("grpo_tiny.yaml", [f"models_dir={tiny_model.parent}", "loss_fn.is_correction.enabled=true",
+                                         "loss_fn.is_correction.lower_bound=0.8", "loss_fn.is_correction.upper_bound=1.2"]
+                      ).config.loss_fn
+
+    separate, loss = build(single_rank_world, tiny_model)
+    prompts = [[5, 9, 14, 3, 8], [7, 7, 2], [12, 6, 40]]
+    plain = [Sample(prompt + [21 + k, 22, 23 + k, 24], len(prompt), advantage=(-1.0) ** k)
+             for k, prompt in enumerate(prompts)]
+    torch.manual_seed(3)
+    # a sampler whose logprobs differ from the trainer's by up to ~0.3 nats: some weights get clipped
+    sampler = [(lp + 0.15 * torch.randn(lp.shape)).tolist() for lp in separate.logprobs(plain)]
+
+    def samples():
+        return [Sample(s.token_ids, s.prompt_length, advantage=s.advantage, rollout_logprobs=lp)
+                for s, lp in zip(plain, sampler)]
+
+    batch = samples()
+    figures = apply_safeguards(cfg, batch, separate.logprobs(batch))
+    expected = separate.train_mini_batch(batch, None, None, loss)
+
+    fused, _ = build(single_rank_world, tiny_model)
+    batch = samples()
+    seen = []
+    got = fused.train_mini_batch(batch, None, None, loss,
+                                 before_loss=lambda mb, old: seen.append(apply_safeguards(cfg, mb, old)))
+    assert 0 < figures["safeguard/is_clipped_fraction"] < 1     # the clip did something
+    assert got["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-5)
+    assert got["loss"] == pytest.approx(expected["loss"], rel=1e-5, abs=1e-7)
+    assert sum(f["safeguard/is_weight_mean"] for f in seen) / len(seen) == pytest.approx(
+        figures["safeguard/is_weight_mean"], rel=0.2)
