@@ -193,7 +193,7 @@ class AgentRolloutCollector(RolloutCollector):
             trajectory.raw_reward = 0.0
         return trajectory
 
-    def _sample_groups(self, prompts: list[Prompt], seed: int) -> list[Group]:
+    def sample_groups(self, prompts: list[Prompt], seed: int) -> list[Group]:
         episodes = self.run_episodes(prompts, self.group_size, seed)
         groups = [Group(p) for p in prompts]
         slots = []

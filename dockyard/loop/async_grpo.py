@@ -88,7 +88,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
         if groups is None:
             return None
         kept, dropped = self.collector.keep_groups(groups)
-        self.collector._print_samples(groups)
+        self.collector.print_samples(groups)
         metrics = self.collector.batch_metrics(groups, kept, dropped)
         every = [t for g in groups for t in g.trajectories]
         # what the sampler generated: with masked off-policy tokens the loss mask undercounts it

@@ -1,7 +1,7 @@
 """The async rollout driver, on trainer rank 0: keeps the rollout fleet busy while the trainer trains.
 
 A thread of its own starts prompt groups within the DispatchWindow's capacity, lag and window
-rules. Each group runs in a worker thread through the step collector's own `_sample_groups` (the
+rules. Each group runs in a worker thread through the step collector's own `sample_groups` (the
 single-turn sampler, or the multi-turn agent episodes: scoring, retries and reward transforms
 included), whose engine calls go through the driver's `generate`: one request per group (per turn,
 for agents), so a replica batches whatever is in flight, and every sampled token is tagged with the
@@ -330,7 +330,8 @@ class RolloutDriver:
     def _run_group(self, ticket: GroupTicket) -> None:
         try:
             with self.group_slots:
-                (group,) = self.collector._sample_groups([ticket.prompt], self.seed * 1_000_003 + ticket.number * 7_919)
+                seed = self.seed * 1_000_003 + ticket.number * 7_919
+                (group,) = self.collector.sample_groups([ticket.prompt], seed)
             if self.mask_offpolicy:
                 for t in group.trajectories:
                     _mask_older_versions(t)

@@ -101,7 +101,8 @@ class RolloutCollector:
             trajectory.status, trajectory.error = FAILED, f"{type(err).__name__}: {err}"
         return trajectory
 
-    def _sample_groups(self, prompts: list[Prompt], seed: int) -> list[Group]:
+    def sample_groups(self, prompts: list[Prompt], seed: int) -> list[Group]:
+        """One group per prompt: sampled, scored (FAILED ones sampled again) and reward-transformed."""
         with self.timer("generate"):
             ids = [self.prompt_ids(p) for p in prompts]
             params = self.sampling([len(i) for i in ids], self.group_size, seed)
@@ -157,7 +158,7 @@ class RolloutCollector:
                 return False
         return True
 
-    def _print_samples(self, groups: list[Group]) -> None:
+    def print_samples(self, groups: list[Group]) -> None:
         shown = [(g.prompt, t) for g in groups for t in g.trajectories][:self.cfg.logger.num_samples_to_print]
         for prompt, t in shown:
             text = self.decode(t.sample.token_ids[t.sample.prompt_length:])
@@ -186,7 +187,7 @@ class RolloutCollector:
         dropped = {name: 0 for name, _ in self.filters}
         refills = 0
         while True:
-            groups = self._sample_groups(prompts, seed + 7_919 * refills)
+            groups = self.sample_groups(prompts, seed + 7_919 * refills)
             sampled += groups
             kept += [g for g in groups if self._keep(g, dropped)]
             if len(kept) >= self.want or not sampler.dynamic_sampling:
@@ -199,7 +200,7 @@ class RolloutCollector:
             need = self.want - len(kept)
             prompts = self._draw(min(math.ceil(need * sampler.refill_ratio), sampler.max_refill_count))
         kept = kept[:self.want]
-        self._print_samples(sampled)
+        self.print_samples(sampled)
         metrics = self.batch_metrics(sampled, kept, dropped)
         metrics["sampling/refills"] = float(refills)
         return kept, metrics

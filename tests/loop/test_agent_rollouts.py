@@ -108,7 +108,7 @@ def test_an_episode_stops_before_it_outgrows_the_sequence_budget(setup):
 def test_a_broken_task_fails_the_attempt_not_the_run(setup, tmp_path):
     collector, prompt, _ = setup("grpo.retry_limit=2")
     missing = replace(prompt, metadata={"path": "no-such-task"})
-    groups = collector._sample_groups([missing], seed=0)
+    groups = collector.sample_groups([missing], seed=0)
     [group] = groups
     assert all(t.status == "failed" and "no-such-task" in t.error for t in group.trajectories)
     assert all(t.attempts == 2 for t in group.trajectories)
