@@ -24,6 +24,7 @@ prompt is trained twice and none is lost.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -94,7 +95,7 @@ class RolloutDriver:
         self.pool = ThreadPoolExecutor(max_workers=self.window.capacity, thread_name_prefix="rollout")
         self.thread = threading.Thread(target=self._drive, name="rollout-driver", daemon=True)
         collector.generate = self.generate
-        collector.timer = lambda name: _NO_TIMER   # phases are the trainer's; generation runs beside them
+        collector.timer = lambda name: contextlib.nullcontext()   # phases are the trainer's; generation runs beside them
 
     def start(self) -> "RolloutDriver":
         self.thread.start()
@@ -361,14 +362,3 @@ def _mask_older_versions(trajectory) -> None:
     newest = max(sampled)
     mask = trajectory.sample.loss_mask or [1] * len(versions)
     trajectory.sample.loss_mask = [m if v < 0 or v == newest else 0 for m, v in zip(mask, versions)]
-
-
-class _NoTimer:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-_NO_TIMER = _NoTimer()
