@@ -42,3 +42,30 @@ def _std(values: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     if count < 2:
         return torch.zeros(()) if dim is None else torch.zeros(values.shape[0], 1, dtype=values.dtype)
     return values.std() if dim is None else values.std(dim=dim, keepdim=True)
+
+
+class OnPolicyDistillationAdvantage:
+    """OPD (seed 000, stage 3 of the V4-style recipe): the environment reward is replaced by a
+    per-token advantage pg_ratio x sg[log pi_teacher - log pi_student] on the sampled tokens, the
+    negative of the k1 estimate of KL(student || teacher) at each token. Token-level estimator only:
+    it needs the teacher's logprob of the sampled token, not its full distribution."""
+
+    per_token = True
+
+    def __init__(self, norm_mode: str = "none", epsilon: float = 1e-6, pg_ratio: float = 1.0, **_: object):
+        if norm_mode != "none":
+            raise ValueError(f"opd advantages are per-token teacher/student log-ratios; norm_mode must be none, "
+                             f"got {norm_mode!r}")
+        self.pg_ratio = pg_ratio
+
+    def __call__(self, student: list[torch.Tensor], teacher: list[torch.Tensor],
+                 masks: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Per trajectory: the advantage of each response token (0 where the mask is 0: tool output,
+        environment text, masked off-policy tokens)."""
+        out = []
+        for index, (s, t, m) in enumerate(zip(student, teacher, masks)):
+            if not (s.shape == t.shape == m.shape):
+                raise ValueError(f"trajectory {index}: student {tuple(s.shape)}, teacher {tuple(t.shape)} and "
+                                 f"mask {tuple(m.shape)} logprobs differ in length")
+            out.append((self.pg_ratio * (t.double() - s.double()) * (m > 0)).float().detach())
+        return out

@@ -8,6 +8,7 @@ from dockyard.registry import declare
 
 _IMPLEMENTED = {
     ("advantage_estimator", "grpo"): "dockyard.algorithms.advantages:GroupRelativeAdvantage",
+    ("advantage_estimator", "opd"): "dockyard.algorithms.advantages:OnPolicyDistillationAdvantage",
     ("loss", "clipped_pg"): "dockyard.algorithms.losses:ClippedPGLoss",
     ("loss", "gspo"): "dockyard.algorithms.losses:GSPOLoss",
     ("kl_estimator", "k1"): "dockyard.algorithms.losses:k1",

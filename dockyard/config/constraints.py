@@ -263,6 +263,13 @@ def distillation(cfg: MasterConfig) -> Iterator[Problem]:
     if opd.pg_ratio > 0 and opd.gkd_ratio == 1:
         yield Problem("on_policy_distillation.gkd_ratio", "gkd_ratio 1 leaves no policy-gradient branch, so "
                       "pg_ratio must be 0")
+    if cfg.grpo.filters.identical_reward:
+        yield Problem("grpo.filters.identical_reward", "OPD trains on the teachers' per-token advantages, not the "
+                      "environment's reward; dropping groups with equal rewards would throw good rollouts away. "
+                      "Set it to false")
+    if cfg.policy.generation.temperature != 1.0:
+        yield Problem("policy.generation.temperature", "the OPD advantage compares the student's sampling "
+                      "distribution with the teacher's own (temperature 1); set it to 1.0")
     names = [t.name for t in opd.teachers]
     for duplicate in sorted({n for n in names if names.count(n) > 1}):
         yield Problem("on_policy_distillation.teachers", f"teacher name {duplicate!r} is used twice")

@@ -27,7 +27,7 @@ class EngineClient(ServerClient, Generator):
                 for c in data["choices"]]
 
     def score(self, sequences: list[list[int]], starts: list[int]) -> list[list[float]]:
-        data = self._post("/v1/completions", {"prompt": sequences, "max_tokens": 1, "temperature": 0,
+        data = self._post("/v1/completions", {"prompt": sequences, "max_tokens": 0, "echo": True, "temperature": 0,
                                               "prompt_logprobs": 0})
         return [prompt_logprobs_from(sequence, choice["prompt_logprobs"], start)
                 for sequence, choice, start in zip(sequences, data["choices"], starts)]

@@ -15,8 +15,9 @@ from dockyard.generation.images import ImageGate
 class EmbeddedServer:
     """dockyard's own HTTP engine (transformers + KV cache), CPU or one GPU."""
 
-    def __init__(self, config: MasterConfig):
-        self.config = config
+    def __init__(self, config: MasterConfig, model_path: str | None = None, tensor_parallel_size: int | None = None):
+        # model_path / tensor_parallel_size: a teacher server (on_policy_distillation) serves its own model
+        self.config, self.model_path = config, model_path or config.policy.model_name
 
     def command(self, port: int, host: str = "127.0.0.1", threads: int = 0, address_file: str | None = None) -> list[str]:
         gen = self.config.policy.generation
@@ -24,7 +25,7 @@ class EmbeddedServer:
         if device == "auto":
             device = "cuda" if self.config.cluster.gpus_per_node > 0 else "cpu"
         dtype = self.config.policy.precision  # bf16 runs on CPUs too (fast where AMX / AVX512-BF16 exist)
-        return [sys.executable, "-m", "dockyard.generation.server", "--model", self.config.policy.model_name,
+        return [sys.executable, "-m", "dockyard.generation.server", "--model", self.model_path,
                 "--host", host, "--port", str(port), "--device", device, "--dtype", dtype,
                 "--max-batch-size", str(gen.embedded_cfg.max_batch_size), "--threads", str(threads)] + (
                     ["--address-file", address_file] if address_file else [])

@@ -36,7 +36,8 @@ class CompletionRequest(BaseModel):
     model: str | None = None
     prompt: list[list[int]] | list[int] = Field(..., description="token ids: one prompt or a list of prompts")
     n: int = Field(1, ge=1)
-    max_tokens: int = Field(16, ge=1)
+    max_tokens: int = Field(16, ge=0, description="0 with echo: prefill only (vLLM's scoring request)")
+    echo: bool = False
     temperature: float = Field(1.0, ge=0, allow_inf_nan=False)
     top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
     top_k: int | None = Field(None, ge=1)
@@ -170,9 +171,14 @@ def build_app(engine: Engine, model_name: str) -> FastAPI:
                                 top_p=request.top_p, top_k=request.top_k, stop=stops,
                                 stop_token_ids=list(request.stop_token_ids or []), ignore_eos=request.ignore_eos,
                                 seed=request.seed)
+        if request.max_tokens == 0 and not (request.echo and request.prompt_logprobs is not None):
+            raise HTTPException(status_code=400, detail="max_tokens 0 is a scoring request: it needs echo and "
+                                                        "prompt_logprobs")
         started = time.perf_counter()
         try:
-            completions = batcher.generate(prompts, params)
+            # as vLLM: echo with max_tokens 0 scores the prompts and generates nothing
+            completions = [Completion(index, [], [], "length") for index in range(len(prompts))] \
+                if request.max_tokens == 0 else batcher.generate(prompts, params)
             scored = None
             if request.prompt_logprobs is not None:
                 with lock:

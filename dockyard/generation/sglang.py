@@ -30,8 +30,10 @@ DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 class SglangServer:
-    def __init__(self, config: MasterConfig):
-        self.config = config
+    def __init__(self, config: MasterConfig, model_path: str | None = None, tensor_parallel_size: int | None = None):
+        # model_path / tensor_parallel_size: a teacher server (on_policy_distillation) serves its own model
+        self.config, self.model_path, self.tensor_parallel_size = \
+            config, model_path or config.policy.model_name, tensor_parallel_size
 
     def command(self, port: int, host: str = "127.0.0.1", threads: int = 0, address_file: str | None = None) -> list[str]:
         gen = self.config.policy.generation
@@ -40,8 +42,8 @@ class SglangServer:
         wrapper = [sys.executable, "-m", "dockyard.generation.sglang_serve", "--sampling", json.dumps(sampling)]
         if address_file:
             wrapper += ["--address-file", address_file]
-        args = ["--model-path", self.config.policy.model_name, "--host", host, "--port", str(port),
-                "--tp-size", str(sg.tensor_parallel_size), "--mem-fraction-static", str(sg.mem_fraction_static),
+        args = ["--model-path", self.model_path, "--host", host, "--port", str(port),
+                "--tp-size", str(self.tensor_parallel_size or sg.tensor_parallel_size), "--mem-fraction-static", str(sg.mem_fraction_static),
                 "--load-format", sg.load_format, "--dtype", DTYPES[self.config.policy.precision],
                 "--random-seed", str(self.config.policy.seed),
                 "--context-length", str(self.config.policy.max_total_sequence_length)]

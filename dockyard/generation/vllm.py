@@ -36,11 +36,13 @@ BASE_ENV = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFF
             "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
-def engine_arguments(cfg: MasterConfig) -> list[str]:
-    """`vllm serve` arguments from policy.generation.vllm_cfg (extra keys forwarded by name)."""
+def engine_arguments(cfg: MasterConfig, tensor_parallel_size: int | None = None) -> list[str]:
+    """`vllm serve` arguments from policy.generation.vllm_cfg (extra keys forwarded by name); a
+    teacher server gives its own tensor_parallel_size."""
     vllm = cfg.policy.generation.vllm_cfg
     on_gpu = cfg.cluster.gpus_per_node > 0
-    args = ["--dtype", DTYPES[vllm.precision], "--tensor-parallel-size", str(vllm.tensor_parallel_size),
+    tp = tensor_parallel_size or vllm.tensor_parallel_size
+    args = ["--dtype", DTYPES[vllm.precision], "--tensor-parallel-size", str(tp),
             "--pipeline-parallel-size", str(vllm.pipeline_parallel_size),
             "--max-model-len", str(vllm.max_model_len or cfg.policy.max_total_sequence_length),
             "--seed", str(cfg.policy.seed)]
@@ -71,8 +73,10 @@ def engine_arguments(cfg: MasterConfig) -> list[str]:
 class VllmServer:
     """Launcher of one vLLM replica (locally here; the Slurm driver wraps the command in srun)."""
 
-    def __init__(self, config: MasterConfig):
-        self.config = config
+    def __init__(self, config: MasterConfig, model_path: str | None = None, tensor_parallel_size: int | None = None):
+        # model_path / tensor_parallel_size: a teacher server (on_policy_distillation) serves its own model
+        self.config, self.model_path, self.tensor_parallel_size = \
+            config, model_path or config.policy.model_name, tensor_parallel_size
 
     def command(self, port: int, host: str = "127.0.0.1", threads: int = 0, address_file: str | None = None) -> list[str]:
         gen = self.config.policy.generation
@@ -80,10 +84,11 @@ class VllmServer:
         wrapper = [sys.executable, "-m", "dockyard.generation.vllm_serve", "--sampling", json.dumps(sampling)]
         if address_file:
             wrapper += ["--address-file", address_file]
-        return wrapper + ["--", self.config.policy.model_name, "--host", host, "--port", str(port),
+        return wrapper + ["--", self.model_path, "--host", host, "--port", str(port),
                           "--served-model-name", SERVED_NAME, "--logprobs-mode", "processed_logprobs",
                           "--generation-config", "vllm", "--worker-extension-cls", WORKER_EXTENSION,
-                          "--uvicorn-log-level", "warning", *engine_arguments(self.config)]
+                          "--uvicorn-log-level", "warning",
+                          *engine_arguments(self.config, self.tensor_parallel_size)]
 
     def environment(self, cpus: str | None = None) -> dict[str, str]:
         """The replica's environment: dev routes on, offline, vllm_cfg.env_vars; `cpus` ("2-3") binds
@@ -170,7 +175,7 @@ class VllmClient(ServerClient, Generator):
         return [completion for got, _ in answers for completion in got]
 
     def score(self, sequences: list[list[int]], starts: list[int]) -> list[list[float]]:
-        data = self._post("/v1/completions", {"model": SERVED_NAME, "prompt": sequences, "max_tokens": 1,
+        data = self._post("/v1/completions", {"model": SERVED_NAME, "prompt": sequences, "max_tokens": 0, "echo": True,
                                               "temperature": 0, "prompt_logprobs": 0})
         choices = sorted(data["choices"], key=lambda c: c["index"])
         return [prompt_logprobs_from(sequence, choice["prompt_logprobs"], start)

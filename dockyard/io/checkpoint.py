@@ -6,7 +6,9 @@ Layout under `checkpointing.checkpoint_dir`:
       dcp/                           torch.distributed.checkpoint: model + optimizer shards
       rng_rank<r>.pt                 each rank's RNG states
       trainer_state.json             step, scheduler, data position, metric
+      hf/                            with checkpointing.export_hf: the weights as an HF folder
     latest_checkpointed_iteration.txt   "4": the newest complete checkpoint
+    hf -> step_4/hf                  with export_hf: the newest step's HF folder (hf_export.py)
 
 A save writes `step_N.tmp/`, fsyncs every file, renames it to `step_N` and only then rewrites the
 pointer (itself via a temporary file and rename). A crash at any moment leaves the previous
@@ -30,6 +32,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from dockyard.config.schema.checkpointing import CheckpointingConfig
+from dockyard.io.hf_export import point_latest, write_hf_folder
 
 POINTER = "latest_checkpointed_iteration.txt"
 
@@ -99,8 +102,9 @@ def _barrier() -> None:
 
 
 class CheckpointManager:
-    def __init__(self, config: CheckpointingConfig, rank: int):
-        self.config, self.rank = config, rank
+    def __init__(self, config: CheckpointingConfig, rank: int, hf_source: str | None = None):
+        """`hf_source`: the model folder whose config and tokenizer go with an HF export (export_hf)."""
+        self.config, self.rank, self.hf_source = config, rank, hf_source
         self.root = Path(config.checkpoint_dir)
 
     # --- reading ------------------------------------------------------------------------------
@@ -161,6 +165,8 @@ class CheckpointManager:
         model_state, optim_state = get_state_dict(model, optimizer)
         dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp / "dcp"))
         torch.save(rng_state(), tmp / f"rng_rank{self.rank}.pt")
+        if self.config.export_hf:
+            self._export_hf(model, tmp / "hf")
         _barrier()
         if self.rank == 0:
             state = dict(trainer_state, step=step, scheduler=scheduler.state_dict() if scheduler else None)
@@ -169,9 +175,22 @@ class CheckpointManager:
             shutil.rmtree(final, ignore_errors=True)  # an incomplete leftover (no trainer_state.json)
             os.replace(tmp, final)
             _write_atomic(self.root / POINTER, f"{step}\n")
+            if self.config.export_hf:
+                point_latest(self.root, final / "hf")
             self._apply_retention(step)
         _barrier()
         return final
+
+    def _export_hf(self, model: torch.nn.Module, out: Path) -> None:
+        """Every rank takes part in gathering the full weights; rank 0 writes them."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        if self.hf_source is None:
+            raise ValueError("checkpointing.export_hf needs the model folder the run started from")
+        weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.rank == 0:
+            tied = set(weights) - {n for n, _ in model.named_parameters()} - {n for n, _ in model.named_buffers()}
+            write_hf_folder(weights, self.hf_source, out, skip=tied)
 
     def _apply_retention(self, newest: int) -> None:
         steps = sorted(int(p.name.removeprefix("step_")) for p in self.root.glob("step_*")

@@ -98,6 +98,10 @@ class AsyncGRPOTrainer(GRPOTrainer):
         metrics["async/lag_max"] = float(max(self.driver.last_lags))
         # the dataset rows this step trains on: a resumed run can be checked for rows trained twice or lost
         metrics["async/prompt_rows"] = [ticket.row for ticket in self.driver.taken]
+        return self.payload(kept, metrics)
+
+    def payload(self, kept: list, metrics: dict):
+        """What every rank receives for the step: samples, rewards, metrics."""
         trajectories = [t for g in kept for t in g.trajectories]
         return [t.sample for t in trajectories], [t.reward for t in trajectories], metrics
 

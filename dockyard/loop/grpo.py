@@ -44,6 +44,7 @@ from dockyard.loop.agent_rollouts import AgentRolloutCollector
 from dockyard.loop.rollouts import RolloutCollector
 from dockyard.loop.safeguarding import apply_safeguards, enabled_safeguards
 from dockyard.loop.stopping import RunStopped
+from dockyard.loop.teachers import TeacherRoutingError
 from dockyard.models import DTYPES, ModelNotFoundError, load_tokenizer
 from dockyard.policy.dtensor import PolicySetupError, Sample, TrainingInterrupted
 
@@ -96,6 +97,9 @@ class StepAbandoned(Exception):
 
 
 class GRPOTrainer:
+    # a loop whose advantages need the trainer's logprobs of the sampled tokens before training (OPD)
+    needs_old_logprobs = False
+
     def __init__(self, cfg: MasterConfig, world: WorldInfo, device: torch.device, replicas: list[dict],
                  weight_sync_port: int):
         self.cfg, self.world, self.device = cfg, world, device
@@ -123,7 +127,7 @@ class GRPOTrainer:
         self.estimator = registry.build("advantage_estimator", adv.name, norm_mode=adv.norm_mode,
                                         epsilon=adv.epsilon, **(adv.model_extra or {}))
         self.loss_fn = registry.build("loss", cfg.loss_fn.name, config=cfg.loss_fn)
-        self.checkpoints = CheckpointManager(cfg.checkpointing, world.rank)
+        self.checkpoints = CheckpointManager(cfg.checkpointing, world.rank, hf_source=cfg.policy.model_name)
         self.timer = PhaseTimer()
         if world.is_main:
             self.env = registry.build("environment", cfg.env.name, config=cfg.env)
@@ -343,7 +347,8 @@ class GRPOTrainer:
         loss_cfg = self.cfg.loss_fn
         safeguards = enabled_safeguards(loss_cfg)
         kl_in_reward = self.reference is not None and loss_cfg.kl_in_reward
-        one_step = self.num_mini_batches == 1 and loss_cfg.ppo_epochs == 1 and not kl_in_reward
+        one_step = self.num_mini_batches == 1 and loss_cfg.ppo_epochs == 1 and not kl_in_reward \
+            and not self.needs_old_logprobs
         in_forward = one_step and safeguards == ["is_correction"] and loss_cfg.is_correction.action == "clip" \
             and not loss_cfg.use_rollout_logprobs
         on_policy = one_step and (not safeguards or in_forward)
@@ -354,16 +359,7 @@ class GRPOTrainer:
                 old = None if on_policy else self.policy.logprobs(local)
             ref = self.reference.logprobs(local) if self.reference is not None else None
         with self.timer("advantages"):
-            reward_tensor = torch.tensor(rewards, dtype=torch.float64)
-            if kl_in_reward:
-                penalty = self._gather_by_position(
-                    sequence_kl(old, ref, [s.response_mask() for s in local], loss_cfg.reference_policy_kl_type),
-                    local_positions, len(samples))
-                reward_tensor = reward_tensor - loss_cfg.reference_policy_kl_penalty * penalty
-                metrics["reward/kl_in_reward_mean"] = float(penalty.mean()) if len(samples) else 0.0
-            advantages = self.estimator(reward_tensor, [self.group_size] * (len(rewards) // self.group_size))
-            for sample, position in zip(local, local_positions):
-                sample.advantage = float(advantages[position])
+            metrics.update(self.set_advantages(samples, rewards, local, local_positions, old, ref))
         safeguard_figures: list[tuple[float, dict[str, float]]] = []
         before_loss = None
         if in_forward:
@@ -400,6 +396,24 @@ class GRPOTrainer:
             total = sum(tokens for tokens, _ in safeguard_figures) or 1.0
             for name in safeguard_figures[0][1]:
                 metrics[name] = sum(tokens * figures[name] for tokens, figures in safeguard_figures) / total
+        return metrics
+
+    def set_advantages(self, samples: list[Sample], rewards: list[float], local: list[Sample],
+                       local_positions: list[int], old: list[torch.Tensor] | None,
+                       ref: list[torch.Tensor] | None) -> dict[str, float]:
+        """Set the advantage of this rank's samples (`local`, at `local_positions` in the step's
+        `samples`) from every rollout's reward: group-relative, the reference KL in the reward first."""
+        loss_cfg, metrics = self.cfg.loss_fn, {}
+        reward_tensor = torch.tensor(rewards, dtype=torch.float64)
+        if self.reference is not None and loss_cfg.kl_in_reward:
+            penalty = self._gather_by_position(
+                sequence_kl(old, ref, [s.response_mask() for s in local], loss_cfg.reference_policy_kl_type),
+                local_positions, len(samples))
+            reward_tensor = reward_tensor - loss_cfg.reference_policy_kl_penalty * penalty
+            metrics["reward/kl_in_reward_mean"] = float(penalty.mean()) if len(samples) else 0.0
+        advantages = self.estimator(reward_tensor, [self.group_size] * (len(rewards) // self.group_size))
+        for sample, position in zip(local, local_positions):
+            sample.advantage = float(advantages[position])
         return metrics
 
     # --- run ----------------------------------------------------------------------------------
@@ -534,7 +548,12 @@ def main(stopper: "stopping.StopRequests | None" = None) -> int:
     torch.manual_seed(cfg.policy.seed)
     world = init_trainer_world(device, timeout_s=float(os.environ.get("DOCKYARD_COLLECTIVE_TIMEOUT_S", 1800)))
     trainer_class = GRPOTrainer
-    if cfg.grpo.async_grpo.enabled:   # its own loop, in its own module
+    # each loop in its own module
+    if cfg.sft is not None:
+        from dockyard.loop.sft import SFTTrainer as trainer_class
+    elif cfg.grpo.adv_estimator.name == "opd":
+        from dockyard.loop.distillation import OnPolicyDistillationTrainer as trainer_class
+    elif cfg.grpo.async_grpo.enabled:
         from dockyard.loop.async_grpo import AsyncGRPOTrainer as trainer_class
     try:
         trainer = trainer_class(cfg, world, device, json.loads(os.environ.get("DOCKYARD_REPLICAS", "[]")),
@@ -550,7 +569,7 @@ def main(stopper: "stopping.StopRequests | None" = None) -> int:
     except DatasetError as err:
         print(f"dockyard: data error: {err}", file=sys.stderr, flush=True)
         return 2
-    except (ReferenceModelError, PolicySetupError, ConfigError) as err:
+    except (ReferenceModelError, PolicySetupError, ConfigError, TeacherRoutingError) as err:
         print(f"dockyard: {err}", file=sys.stderr, flush=True)
         return 2
     finally:

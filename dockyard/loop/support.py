@@ -30,7 +30,6 @@ def _features(cfg: MasterConfig) -> list[tuple[str, bool]]:
         ("policy.dtensor_cfg.tensor_parallel_size", cfg.policy.dtensor_cfg.tensor_parallel_size > 1),
         ("policy.dtensor_cfg.context_parallel_size", cfg.policy.dtensor_cfg.context_parallel_size > 1),
         ("sft", cfg.sft is not None),
-        ("on_policy_distillation", cfg.on_policy_distillation is not None),
         ("data_plane", cfg.data_plane is not None),
         ("logger.wandb_enabled", logger.wandb_enabled),
         ("logger.mlflow_enabled", logger.mlflow_enabled),
@@ -52,7 +51,29 @@ def unsupported(cfg: MasterConfig) -> list[Problem]:
         problems.append(Problem("policy.generation.allow_multimodal_inputs", "the GRPO loop does not train on "
                                 "image inputs yet: its datasets carry no images and the policy's logprobs "
                                 "would ignore them; turn it off"))
+    problems += _distillation(cfg)
     problems += _agent_setup(cfg) if not problems else []
+    return problems
+
+
+def _distillation(cfg: MasterConfig) -> list[Problem]:
+    """What the OPD loop does not build: the teachers score sampled tokens by prefill only."""
+    opd = cfg.on_policy_distillation
+    if opd is None:
+        return []
+    problems = []
+    if opd.gkd_ratio > 0:
+        problems.append(Problem("on_policy_distillation.gkd_ratio", "the GKD branch needs the teachers' "
+                                "distributions over the vocabulary (top-k or full); dockyard's teachers return the "
+                                "logprob of each sampled token only (token-level estimator); set it to 0"))
+    if opd.pg_kl_method != "k1":
+        problems.append(Problem("on_policy_distillation.pg_kl_method", f"{opd.pg_kl_method} needs the teachers' "
+                                "distributions over the vocabulary; only k1 (the token-level estimator) is built"))
+    p = opd.parallelism
+    for name in ("pipeline_parallel_size", "context_parallel_size"):
+        if getattr(p, name) > 1:
+            problems.append(Problem(f"on_policy_distillation.parallelism.{name}", "teacher servers are "
+                                    "generation servers, split by tensor parallelism only; set it to 1"))
     return problems
 
 
@@ -133,10 +154,34 @@ def missing_models(cfg: MasterConfig) -> list[Problem]:
             # a set but unusable checkpoint never falls back to hf_path
             wanted.append(("loss_fn.reference_model.checkpoint_path", reference.checkpoint_path,
                            checkpoint_weights_folder))
+    for index, teacher in enumerate(cfg.on_policy_distillation.teachers if cfg.on_policy_distillation else []):
+        wanted.append((f"on_policy_distillation.teachers[{index}].hf_path", teacher.hf_path, model_folder))
+        if teacher.checkpoint_path:
+            wanted.append((f"on_policy_distillation.teachers[{index}].checkpoint_path", teacher.checkpoint_path,
+                           checkpoint_weights_folder))
     problems = []
     for path, folder, check in wanted:
         try:
             check(folder)
         except ModelNotFoundError as err:
             problems.append(Problem(path, str(err)))
+    return problems
+
+
+def teacher_routing(cfg: MasterConfig) -> list[Problem]:
+    """OPD: every training row has a teacher (loop/teachers.py), checked before any process starts."""
+    if cfg.on_policy_distillation is None:
+        return []
+    from dockyard.data.datasets import DatasetError, load_prompts
+    from dockyard.loop.teachers import TeacherRouting, TeacherRoutingError
+
+    routing = TeacherRouting(cfg)
+    problems = []
+    for index, dataset in enumerate(cfg.data.datasets):
+        try:
+            routing.check(load_prompts(dataset))
+        except TeacherRoutingError as err:
+            problems.append(Problem("on_policy_distillation.teacher_model_by_agent_name", str(err)))
+        except DatasetError as err:
+            problems.append(Problem(f"data.datasets[{index}]", str(err)))
     return problems

@@ -26,6 +26,8 @@ class Sample:
     token_ids: list[int]          # prompt + response
     prompt_length: int
     advantage: float = 0.0
+    token_advantages: list[float] | None = None  # per response token (OPD); replaces `advantage`
+    teacher_logprobs: list[float] | None = None  # OPD: the teacher's logprob of each response token
     loss_mask: list[int] | None = None  # per response token; None = all 1
     rollout_logprobs: list[float] | None = None  # the engine's logprobs of the response tokens
     is_weights: list[float] | None = None  # importance-sampling weights per response token (no gradient)
@@ -313,7 +315,7 @@ class DTensorPolicy:
             if before_loss is not None and batch:
                 before_loss([samples[i] for i in batch],
                             [old[row, width - samples[i].response_length:].cpu() for row, i in enumerate(batch)])
-            adv = torch.tensor([samples[i].advantage for i in batch] or [0.0])[:, None].expand_as(logprobs)
+            adv = _advantages([samples[i] for i in batch], logprobs.shape)
             ref = _stack([ref_logprobs[i] for i in batch], width) if (batch and ref_logprobs) else None
             mask, adv = mask.to(self.device), adv.to(self.device)
             per_token, metrics = loss_fn(LossInputs(logprobs, old, adv, mask, ref.to(self.device) if ref is not None
@@ -369,6 +371,16 @@ class DTensorPolicy:
             for mine, theirs in zip(self.model.parameters(), other.model.parameters()):
                 local = mine.to_local() if hasattr(mine, "to_local") else mine
                 local.copy_(theirs.to_local() if hasattr(theirs, "to_local") else theirs)
+
+
+def _advantages(samples: list[Sample], shape: torch.Size) -> torch.Tensor:
+    """[B, width] advantages laid out as _forward_logprobs' rows: per token where a sample has them."""
+    if not samples:
+        return torch.zeros(shape)
+    if all(s.token_advantages is None for s in samples):
+        return torch.tensor([s.advantage for s in samples])[:, None].expand(shape)
+    return _stack([torch.tensor(s.token_advantages) if s.token_advantages is not None
+                   else torch.full((s.response_length,), s.advantage) for s in samples], shape[1])
 
 
 def _stack(rows: list[torch.Tensor], width: int) -> torch.Tensor:

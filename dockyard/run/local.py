@@ -1,7 +1,8 @@
 """`dockyard run`: the GRPO loop on this machine, no Slurm.
 
 Starts the generation servers (topology.rollout_replicas of them; cluster.rollout.tasks_per_node=2
-starts two, each bound to its own cores) as processes of their own, waits for /health, then starts
+starts two, each bound to its own cores) and, for on-policy distillation, a server per teacher
+(loop/teachers.py) as processes of their own, waits for /health, then starts
 the trainer ranks as torch.distributed processes and watches all of them: if any dies, or a server
 stops answering /health, the others are stopped and the run ends with a message naming the process
 and its log file. No hang.
@@ -24,7 +25,8 @@ from dockyard.config.loader import LoadedConfig, import_folders
 from dockyard.distributed import free_port
 from dockyard.generation.generator import GenerationServerError
 from dockyard.generation.health import HealthProbe
-from dockyard.loop.support import backend_installed, local_shape, missing_models, unsupported
+from dockyard.loop.support import backend_installed, local_shape, missing_models, teacher_routing, unsupported
+from dockyard.loop.teachers import teacher_model_folder, teacher_servers
 from dockyard.processes import core_share, log_tail, stop_processes
 
 ENGINE_HEALTH_TIMEOUT_S = float(os.environ.get("DOCKYARD_ENGINE_HEALTH_TIMEOUT_S", 600))
@@ -59,6 +61,7 @@ def _stop(children: list[Child]) -> None:
 def run_local(loaded: LoadedConfig) -> int:
     cfg = loaded.config
     problems = unsupported(cfg) + local_shape(cfg) + backend_installed(cfg) + missing_models(cfg)
+    problems += teacher_routing(cfg) if not problems else []
     if problems:
         print(f"dockyard run: config {loaded.source} cannot run here ({len(problems)} problem"
               f"{'s' if len(problems) != 1 else ''}):", file=sys.stderr)
@@ -84,22 +87,43 @@ def run_local(loaded: LoadedConfig) -> int:
     children: list[Child] = []
     replicas: list[dict] = []
     clients = []
-    for index in range(count):
+    teachers: dict[str, list[dict]] = {}
+    teacher_list = teacher_servers(cfg)
+    launches = [(server, f"rollout replica {index} ({backend})" if count > 1 else f"generation server ({backend})",
+                 log_dir / (f"engine_{index}.log" if count > 1 else "engine.log"), cfg.cluster.rollout.env,
+                 replica_devices(cfg, index), None) for index in range(count)]
+    if teacher_list:
+        try:
+            folders = {t.name: teacher_model_folder(t, log_dir / "teachers") for t in cfg.on_policy_distillation.teachers}
+        except Exception as err:   # a checkpoint that cannot be exported names itself
+            print(f"dockyard run: a teacher's checkpoint_path cannot be served: {err}", file=sys.stderr)
+            return 2
+        tp = cfg.on_policy_distillation.parallelism.tensor_parallel_size if cfg.cluster.gpus_per_node else None
+        for name, index in teacher_list:
+            launcher = registry.build("generation_backend", backend, config=cfg, model_path=folders[name],
+                                      tensor_parallel_size=tp)
+            launches.append((launcher, f"teacher {name}" + (f" replica {index}" if index else "") + f" ({backend})",
+                             log_dir / f"teacher_{name}_{index}.log", cfg.cluster.teacher.env, {}, name))
+    for slot, (launcher, name, log, group_env, devices, teacher) in enumerate(launches):
         port = free_port()
-        name = f"rollout replica {index} ({backend})" if count > 1 else f"generation server ({backend})"
-        log = log_dir / (f"engine_{index}.log" if count > 1 else "engine.log")
-        cpus, threads = core_share(index, count, cores)
-        env = {**os.environ, **server.environment(cpus), **cfg.cluster.rollout.env, **replica_devices(cfg, index)}
+        cpus, threads = core_share(slot, len(launches), cores)
+        env = {**os.environ, **launcher.environment(cpus), **group_env, **devices}
         with open(log, "w") as handle:
-            process = subprocess.Popen(server.command(port=port, threads=threads), stdout=handle, env=env,
+            process = subprocess.Popen(launcher.command(port=port, threads=threads), stdout=handle, env=env,
                                        stderr=subprocess.STDOUT, start_new_session=True)
         children.append(Child(name, process, log))
         url = f"http://127.0.0.1:{port}"
-        replicas.append({"name": name, "url": url, "log": str(log)})
-        clients.append(server.client(url, name, log))
+        entry = {"name": name, "url": url, "log": str(log)}
+        if teacher is None:
+            replicas.append(entry)
+        else:
+            teachers.setdefault(teacher, []).append(entry)
+        clients.append(launcher.client(url, name, log))
+    count = len(launches)   # every server is watched the same way: a dead or hung one ends the run, named
     try:
-        print(f"dockyard run: starting {count} {backend} generation server{'s' if count > 1 else ''} "
-              f"(logs: {', '.join(r['log'] for r in replicas)})", file=sys.stderr, flush=True)
+        print(f"dockyard run: starting {len(replicas)} {backend} generation server{'s' if len(replicas) > 1 else ''}"
+              + (f" and {len(teacher_list)} teacher server{'s' if len(teacher_list) > 1 else ''}" if teacher_list else "")
+              + f" (logs: {', '.join(str(launch[2]) for launch in launches)})", file=sys.stderr, flush=True)
         deadline = time.monotonic() + ENGINE_HEALTH_TIMEOUT_S
         for client, child in zip(clients, children):
             try:
@@ -109,7 +133,7 @@ def run_local(loaded: LoadedConfig) -> int:
         for rank in range(world_size):
             env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port), DOCKYARD_CONFIG=str(config_file),
-                       DOCKYARD_REPLICAS=json.dumps(replicas),
+                       DOCKYARD_REPLICAS=json.dumps(replicas), DOCKYARD_TEACHERS=json.dumps(teachers),
                        DOCKYARD_IMPORT_PATH=import_folders(Path(loaded.source)),
                        DOCKYARD_THREADS=str(max(1, cores // world_size)))
             log = None if rank == 0 else log_dir / f"trainer_rank{rank}.log"

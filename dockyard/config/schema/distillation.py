@@ -27,7 +27,11 @@ class OnPolicyDistillationConfig(Section):
     teacher_model_by_agent_name: dict[str, str] = field(
         {}, "Which teacher scores a rollout, by the rollout's agent name (per-context teacher selection).",
         "Every value must name a teacher.")
-    default_teacher: Optional[str] = field(None, "Teacher for agents not in the map; null means the first.")
+    default_teacher: Optional[str] = field(
+        None, "Teacher for a rollout whose agent name (row metadata.agent_name, else env.agent) is not in the "
+        "map and whose dataset names no teacher_name.",
+        "null: such a rollout is an error naming its agent (checked before the run starts); a rollout with no "
+        "agent name at all goes to the first teacher.")
     pg_ratio: float = field(1.0, "Weight of the per-token KL advantage in the policy-gradient branch.", ge=0,
                             )
     gkd_ratio: float = field(0.0, "Weight of the GKD branch: L = (1-gkd) x PG + gkd x L_GKD.",

@@ -1,0 +1,138 @@
+"""Teachers for on-policy distillation: which teacher scores a rollout, and the scoring itself.
+
+Each teacher of `on_policy_distillation.teachers` is served by generation servers of its own (the
+run's generation backend, loaded from the teacher's folder; `dockyard run` starts them here,
+`dockyard-submit` on the teacher component). Scoring is prefill only: a rollout's prompt + response
+token ids go in, the teacher's logprob of every response token comes out (`Generator.score`), no
+token is generated.
+
+Routing (V4's per-context teacher selection): a rollout's *agent name* is its dataset row's
+`metadata.agent_name`, else the configured `env.agent`. The teacher is, in this order:
+teacher_model_by_agent_name[agent name]; the row's dataset's `teacher_name`; `default_teacher`.
+A rollout with an agent name that none of these resolves is an error naming the agent; one with
+no agent name at all goes to the first teacher.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from dockyard.config.schema import MasterConfig
+from dockyard.data.datasets import Prompt
+from dockyard.generation.generator import Generator
+from dockyard.policy.dtensor import Sample
+
+AGENT_NAME_KEY = "agent_name"
+
+
+class TeacherRoutingError(ValueError):
+    pass
+
+
+class TeacherRouting:
+    def __init__(self, cfg: MasterConfig):
+        opd = cfg.on_policy_distillation
+        self.names = [t.name for t in opd.teachers]
+        self.by_agent = dict(opd.teacher_model_by_agent_name)
+        self.by_dataset = {d.name: d.teacher_name for d in cfg.data.datasets if d.teacher_name}
+        self.default = opd.default_teacher
+        self.env_agent = cfg.env.agent
+
+    def agent_name(self, prompt: Prompt) -> str | None:
+        return prompt.metadata.get(AGENT_NAME_KEY) or self.env_agent
+
+    def teacher(self, prompt: Prompt) -> str:
+        agent = self.agent_name(prompt)
+        if agent is not None and agent in self.by_agent:
+            return self.by_agent[agent]
+        if prompt.source in self.by_dataset:
+            return self.by_dataset[prompt.source]
+        if self.default is not None:
+            return self.default
+        if agent is not None:
+            known = ", ".join(sorted(self.by_agent)) or "none"
+            raise TeacherRoutingError(
+                f"a rollout of dataset {prompt.source!r} has agent name {agent!r}, which "
+                f"on_policy_distillation.teacher_model_by_agent_name does not map (it maps: {known}); add it, set "
+                f"data.datasets[].teacher_name for {prompt.source!r}, or set on_policy_distillation.default_teacher")
+        return self.names[0]
+
+    def check(self, prompts: list[Prompt]) -> dict[str, int]:
+        """Route every prompt once before anything runs: an unknown agent name fails at start-up. Returns
+        how many prompts each teacher gets."""
+        counts = dict.fromkeys(self.names, 0)
+        for prompt in prompts:
+            counts[self.teacher(prompt)] += 1
+        return counts
+
+
+class TeacherScorer:
+    """Rank 0's client of every teacher's servers (one Generator per teacher, a fleet when it has
+    several replicas). The teachers score concurrently."""
+
+    def __init__(self, teachers: dict[str, Generator], routing: TeacherRouting):
+        missing = [name for name in routing.names if name not in teachers]
+        if missing:
+            raise TeacherRoutingError(f"no server was started for teacher(s) {', '.join(missing)}")
+        self.teachers, self.routing = teachers, routing
+
+    def score(self, samples: list[Sample], prompts: list[Prompt]) -> tuple[list[list[float]], dict[str, float]]:
+        """The teacher's logprob of each response token of each sample (samples[i] from prompts[i])."""
+        chosen = [self.routing.teacher(p) for p in prompts]
+        out: list[list[float] | None] = [None] * len(samples)
+        seconds: dict[str, float] = {}
+
+        def run(name: str) -> None:
+            indices = [i for i, teacher in enumerate(chosen) if teacher == name]
+            started = time.perf_counter()
+            got = self.teachers[name].score([samples[i].token_ids for i in indices],
+                                            [samples[i].prompt_length for i in indices])
+            seconds[name] = time.perf_counter() - started
+            for i, logprobs in zip(indices, got):
+                if len(logprobs) != samples[i].response_length:
+                    raise TeacherRoutingError(f"teacher {name!r} returned {len(logprobs)} logprobs for a response "
+                                              f"of {samples[i].response_length} tokens")
+                out[i] = logprobs
+
+        names = sorted(set(chosen))
+        if names:
+            with ThreadPoolExecutor(max_workers=len(names)) as pool:
+                for future in [pool.submit(run, name) for name in names]:
+                    future.result()
+        metrics = {f"opd/rollouts_{name}": float(chosen.count(name)) for name in self.routing.names}
+        metrics |= {f"opd/score_seconds_{name}": s for name, s in seconds.items()}
+        return out, metrics  # type: ignore[return-value]
+
+    def close(self) -> None:
+        for teacher in self.teachers.values():
+            close = getattr(teacher, "close", None)
+            if close is not None:
+                close()
+
+
+def teacher_model_folder(teacher, export_root) -> str:
+    """The folder a teacher's servers load: its hf_path, or (checkpoint_path set) that dockyard step's
+    weights written as an HF folder under `export_root` with hf_path's structure and tokenizer."""
+    if not teacher.checkpoint_path:
+        return teacher.hf_path
+    from pathlib import Path
+
+    from dockyard.io.hf_export import export_checkpoint
+
+    return str(export_checkpoint(teacher.checkpoint_path, teacher.hf_path, Path(export_root) / teacher.name))
+
+
+def teacher_servers(cfg: MasterConfig) -> list[tuple[str, int]]:
+    """(teacher, replica index) of every teacher server: teacher_dp // teachers replicas per teacher
+    (at least one; with fewer teacher slots than teachers, teachers share the group's devices)."""
+    from dockyard.config import topology
+
+    opd = cfg.on_policy_distillation
+    if opd is None:
+        return []
+    p = opd.parallelism
+    slots = topology.teacher_devices(cfg) // max(1, p.tensor_parallel_size * p.pipeline_parallel_size *
+                                                  p.context_parallel_size)
+    per_teacher = max(1, slots // len(opd.teachers)) if cfg.cluster.gpus_per_node > 0 else 1
+    return [(t.name, index) for t in opd.teachers for index in range(per_teacher)]
