@@ -108,9 +108,9 @@ class GRPOTrainer:
         rollouts = grpo.num_prompts_per_step * self.group_size
         self.mini_batch = cfg.policy.train_global_batch_size
         self.num_mini_batches = rollouts // self.mini_batch
-        total_optimizer_steps = grpo.max_num_steps * self.num_mini_batches * cfg.loss_fn.ppo_epochs
+        self.max_steps, self.val_period = self.schedule()
         self.policy = registry.build("policy_backend", cfg.policy.backend, config=cfg, world=world, device=device,
-                                     total_optimizer_steps=total_optimizer_steps)
+                                     total_optimizer_steps=self.total_optimizer_steps())
         self.reference = None
         if cfg.loss_fn.reference_policy_kl_penalty > 0:
             source = cfg.loss_fn.reference_model
@@ -167,6 +167,14 @@ class GRPOTrainer:
         self.resumed_state: dict = {}
         self.stopper: stopping.StopRequests | None = None
         self.generating = False
+
+    def schedule(self) -> tuple[int, int]:
+        """Steps of the run and the validation period (grpo.max_num_steps, grpo.val_period)."""
+        return self.cfg.grpo.max_num_steps, self.cfg.grpo.val_period
+
+    def total_optimizer_steps(self) -> int:
+        """What the learning-rate schedule spans."""
+        return self.max_steps * self.num_mini_batches * self.cfg.loss_fn.ppo_epochs
 
     # --- helpers ------------------------------------------------------------------------------
 
@@ -418,6 +426,10 @@ class GRPOTrainer:
 
     # --- run ----------------------------------------------------------------------------------
 
+    def finished(self, step: int) -> bool:
+        """True when the run ends after `step` before max_steps (SFT: its epochs are done)."""
+        return False
+
     def _trainer_state(self, metrics: dict[str, float]) -> dict:
         return {"loaders": [loader.state_dict() for loader in self.loaders] if self.world.is_main else None,
                 "metrics": metrics}
@@ -470,7 +482,7 @@ class GRPOTrainer:
 
         cfg = self.cfg
         start = self.resume()
-        logger = MetricsLogger(cfg.logger.log_dir, cfg.logger.tensorboard_enabled, cfg.grpo.max_num_steps, start) \
+        logger = MetricsLogger(cfg.logger.log_dir, cfg.logger.tensorboard_enabled, self.max_steps, start) \
             if self.world.is_main else None
         gpus = None
         if logger and cfg.cluster.gpus_per_node > 0:
@@ -495,7 +507,7 @@ class GRPOTrainer:
             if logger:
                 logger.log(0, val, console=False)
         last_metrics: dict[str, float] = {}
-        for step in range(start + 1, cfg.grpo.max_num_steps + 1):
+        for step in range(start + 1, self.max_steps + 1):
             if self.stopper is not None and (code := self.stopper.agree()):
                 self._stop(code, step - 1, last_metrics)
             snapshot = self._snapshot() if self.stopper is not None else None
@@ -506,11 +518,11 @@ class GRPOTrainer:
                 # nothing of this step was trained: back to the state after the previous step
                 self._restore(snapshot)
                 self._stop(abandoned.code, step - 1, last_metrics)
-            if cfg.grpo.val_period and step % cfg.grpo.val_period == 0 and cfg.data.validation is not None:
+            if self.val_period and step % self.val_period == 0 and cfg.data.validation is not None:
                 with self.timer("validate"):
                     metrics.update(self.validate(step))
                 metrics["time/validate"] = self.timer.seconds["validate"]
-            last = step == cfg.grpo.max_num_steps
+            last = step == self.max_steps or self.finished(step)
             ckpt = cfg.checkpointing
             if ckpt.enabled and ((ckpt.save_period > 0 and step % ckpt.save_period == 0) or last):
                 self._save(step, metrics)
@@ -531,6 +543,8 @@ class GRPOTrainer:
                 if gpus is not None:
                     metrics.update(gpus.sample())
                 logger.log(step, metrics)
+            if last:
+                break
 
 
 def main(stopper: "stopping.StopRequests | None" = None) -> int:

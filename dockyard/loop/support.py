@@ -29,7 +29,6 @@ def _features(cfg: MasterConfig) -> list[tuple[str, bool]]:
         ("policy.lora.enabled", cfg.policy.lora.enabled),
         ("policy.dtensor_cfg.tensor_parallel_size", cfg.policy.dtensor_cfg.tensor_parallel_size > 1),
         ("policy.dtensor_cfg.context_parallel_size", cfg.policy.dtensor_cfg.context_parallel_size > 1),
-        ("sft", cfg.sft is not None),
         ("data_plane", cfg.data_plane is not None),
         ("logger.wandb_enabled", logger.wandb_enabled),
         ("logger.mlflow_enabled", logger.mlflow_enabled),
@@ -51,8 +50,25 @@ def unsupported(cfg: MasterConfig) -> list[Problem]:
         problems.append(Problem("policy.generation.allow_multimodal_inputs", "the GRPO loop does not train on "
                                 "image inputs yet: its datasets carry no images and the policy's logprobs "
                                 "would ignore them; turn it off"))
-    problems += _distillation(cfg)
+    problems += _distillation(cfg) + _sft(cfg)
     problems += _agent_setup(cfg) if not problems else []
+    return problems
+
+
+def _sft(cfg: MasterConfig) -> list[Problem]:
+    """SFT is a loop of its own (loop/sft.py): the GRPO loop's variants do not apply to it."""
+    if cfg.sft is None:
+        return []
+    problems = []
+    if cfg.grpo.async_grpo.enabled:
+        problems.append(Problem("grpo.async_grpo.enabled", "an sft run has no rollouts to run ahead of training; "
+                                "set it to false"))
+    if cfg.on_policy_distillation is not None:
+        problems.append(Problem("sft", "a config is either SFT (sft) or on-policy distillation "
+                                "(on_policy_distillation), not both"))
+    if cfg.sft.packing and not cfg.policy.dynamic_batching.enabled:
+        problems.append(Problem("sft.packing", "packing fills rows up to policy.dynamic_batching.max_tokens_per_gpu; "
+                                "set policy.dynamic_batching.enabled=true or sft.packing=false"))
     return problems
 
 
