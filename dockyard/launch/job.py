@@ -90,13 +90,27 @@ def run_trainer_task(config_path: Path, plan: JobPlan, folder: Path) -> dict:
     try:
         if alloc.rank == 0:
             steps = start_servers(cfg, plan, alloc, folder, "rollout")
+            if cfg.on_policy_distillation is not None:
+                from dockyard.loop.teachers import teacher_model_folder
+
+                # a teacher from a dockyard checkpoint is served from an HF folder written here first
+                folders = {t.name: teacher_model_folder(t, folder / "teachers")
+                           for t in cfg.on_policy_distillation.teachers}
+                steps += start_servers(cfg, plan, alloc, folder, "teacher", teacher_folders=folders)
             for step in steps:
                 print(f"dockyard: started {step.name} on {step.node} (log: {step.log})", file=sys.stderr, flush=True)
             wait_ready(steps, cfg.cluster.slurm.server_health_timeout_s)
             for step in steps:
                 print(f"dockyard: {step.name} ready at {step.url}", file=sys.stderr, flush=True)
             os.environ["DOCKYARD_REPLICAS"] = json.dumps([
-                {"name": f"{step.name} on node {step.node}", "url": step.url, "log": str(step.log)} for step in steps])
+                {"name": f"{step.name} on node {step.node}", "url": step.url, "log": str(step.log)}
+                for step in steps if step.role == "rollout"])
+            teachers: dict[str, list[dict]] = {}
+            for step in steps:
+                if step.teacher is not None:
+                    teachers.setdefault(step.teacher, []).append(
+                        {"name": f"{step.name} on node {step.node}", "url": step.url, "log": str(step.log)})
+            os.environ["DOCKYARD_TEACHERS"] = json.dumps(teachers)
             watch = ServerWatch(steps, stopper=stopper, clients=replica_clients(cfg, steps)).start()
         store = trainer_store(folder / f"rendezvous_{alloc.incarnation}.json", alloc.rank, alloc.world_size,
                               alloc.node, timeout_s=cfg.cluster.slurm.server_health_timeout_s + 120)

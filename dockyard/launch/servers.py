@@ -9,6 +9,7 @@ the server, its node and its log, if the step ends first.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -51,6 +52,7 @@ class ServerStep:
     log: Path
     address_file: Path
     url: str | None = None
+    teacher: str | None = None   # the teacher a teacher server serves
 
     def describe(self) -> str:
         return f"{self.name} on node {self.node} (srun pid {self.process.pid}, log: {self.log})"
@@ -99,34 +101,52 @@ def step_cpus(alloc: Allocation, group: ServerGroup) -> int | None:
     return max(1, int(match.group()) // group.tasks_per_node) if match else None
 
 
-def start_servers(cfg: MasterConfig, plan: JobPlan, alloc: Allocation, folder: Path, role: str = "rollout") -> list[ServerStep]:
+def start_servers(cfg: MasterConfig, plan: JobPlan, alloc: Allocation, folder: Path, role: str = "rollout",
+                  teacher_folders: dict[str, str] | None = None) -> list[ServerStep]:
+    """The role's servers as srun steps. Rollout: every slot of its group (nodes x tasks per node).
+    Teacher: one server per (teacher, replica) of loop/teachers.py, spread over the group's nodes, each
+    loading its teacher's folder (`teacher_folders`); several on a node take --exact shares."""
     group = plan.server_group(role)
     if group is None:
         return []
     nodes = alloc.nodes(group.het_group)[:group.nodes]
-    server = registry.build("generation_backend", cfg.policy.generation.backend, config=cfg)
-    gpus = cfg.cluster.rollout_gpus_per_replica if cfg.cluster.gpus_per_node > 0 else 0
+    backend = cfg.policy.generation.backend
+    if role == "teacher":
+        from dockyard.loop.teachers import teacher_servers
+
+        tp = cfg.on_policy_distillation.parallelism.tensor_parallel_size if cfg.cluster.gpus_per_node > 0 else None
+        wanted = teacher_servers(cfg)
+        per_node = -(-len(wanted) // len(nodes))
+        placed = [(nodes[i // per_node], (f"teacher {name}" + (f" replica {index}" if index else ""), name),
+                   registry.build("generation_backend", backend, config=cfg, model_path=teacher_folders[name],
+                                  tensor_parallel_size=tp)) for i, (name, index) in enumerate(wanted)]
+        gpus = (tp or 0) if cfg.cluster.gpus_per_node > 0 else 0
+        if per_node != group.tasks_per_node:
+            group = dataclasses.replace(group, tasks_per_node=per_node)
+    else:
+        server = registry.build("generation_backend", backend, config=cfg)
+        placed = [(node, (None, None), server) for node in nodes for _ in range(group.tasks_per_node)]
+        gpus = cfg.cluster.rollout_gpus_per_replica if cfg.cluster.gpus_per_node > 0 else 0
     cpus = os.cpu_count() or 1
     threads = max(1, cpus // group.tasks_per_node) if not group.overlap else max(1, cpus // 2)
     steps = []
-    for node in nodes:
-        for slot in range(group.tasks_per_node):
-            index = len(steps)
-            stem = f"{alloc.incarnation}_{role}{index}"
-            log, address_file = folder / f"{stem}_{node}.log", folder / f"{stem}.address.json"
-            address_file.unlink(missing_ok=True)
-            # servers sharing a node are bound to cores of their own (slot k of tasks_per_node)
-            bind = None if group.tasks_per_node == 1 else core_share(slot, group.tasks_per_node, cpus)[0]
-            extra = {**server.environment(bind), **getattr(cfg.cluster, role).env}
-            serve = server.command(port=0, host="0.0.0.0", threads=threads, address_file=str(address_file))
-            # USR2 (the trainer's warning signal; Slurm sends it to every step, possibly while the server
-            # is still importing) must not kill a server: ignored from before exec, which it inherits
-            command = srun_command(cfg, group, node, alloc.het_size > 1, gpus, log,
-                                   step_cpus(alloc, group)) + [
-                "bash", "-c", 'trap "" USR2; exec "$@"', "dockyard-server", *serve]
-            process = subprocess.Popen(command, env=step_environment(alloc.env, extra), stdin=subprocess.DEVNULL,
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-            steps.append(ServerStep(f"{role} server {index}", role, node, process, log, address_file))
+    for index, (node, (label, teacher), server) in enumerate(placed):
+        slot = sum(1 for other, _, _ in placed[:index] if other == node)
+        stem = f"{alloc.incarnation}_{role}{index}"
+        log, address_file = folder / f"{stem}_{node}.log", folder / f"{stem}.address.json"
+        address_file.unlink(missing_ok=True)
+        # servers sharing a node are bound to cores of their own (slot k of tasks_per_node)
+        bind = None if group.tasks_per_node == 1 else core_share(slot, group.tasks_per_node, cpus)[0]
+        extra = {**server.environment(bind), **getattr(cfg.cluster, role).env}
+        serve = server.command(port=0, host="0.0.0.0", threads=threads, address_file=str(address_file))
+        # USR2 (the trainer's warning signal; Slurm sends it to every step, possibly while the server
+        # is still importing) must not kill a server: ignored from before exec, which it inherits
+        command = srun_command(cfg, group, node, alloc.het_size > 1, gpus, log, step_cpus(alloc, group)) + [
+            "bash", "-c", 'trap "" USR2; exec "$@"', "dockyard-server", *serve]
+        process = subprocess.Popen(command, env=step_environment(alloc.env, extra), stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        steps.append(ServerStep(label or f"{role} server {index}", role, node, process, log, address_file,
+                                teacher=teacher))
     return steps
 
 

@@ -73,3 +73,13 @@ def test_is_weights_from_the_training_forward_equal_a_separate_logprob_pass(sing
     assert got["loss"] == pytest.approx(expected["loss"], rel=1e-5, abs=1e-7)
     assert sum(f["safeguard/is_weight_mean"] for f in seen) / len(seen) == pytest.approx(
         figures["safeguard/is_weight_mean"], rel=0.2)
+
+
+def test_per_token_advantages_reach_the_loss_token_by_token(single_rank_world, tiny_model):
+    """OPD's advantages are per token: at the sampling weights the clipped loss is -A_t per trained token."""
+    prompt, response = [5, 9, 14, 3, 8], [21, 22, 23, 24]
+    advantages = [0.5, -1.0, 2.0, 0.25]
+    per_token = [Sample(prompt + response, len(prompt), token_advantages=advantages, loss_mask=[1, 1, 0, 1])]
+    policy, loss = build(single_rank_world, tiny_model)
+    got = policy.train_mini_batch(per_token, None, None, loss)
+    assert got["loss"] == pytest.approx(-(0.5 - 1.0 + 0.25) / 3, abs=1e-6)
