@@ -70,11 +70,27 @@ def trainer_tasks_per_node(cfg: MasterConfig) -> int:
     return devices_per_node(cfg, cfg.cluster.trainer.gpus_per_node)
 
 
+def teacher_servers(cfg: MasterConfig) -> list[tuple[str, int]]:
+    """(teacher, replica index) of every teacher server: teacher_dp // teachers replicas per teacher on
+    GPUs (at least one; with fewer slots than teachers, teachers share the group's devices), one per
+    teacher on CPU."""
+    opd = cfg.on_policy_distillation
+    if opd is None:
+        return []
+    p = opd.parallelism
+    slots = teacher_devices(cfg) // max(1, p.tensor_parallel_size * p.pipeline_parallel_size * p.context_parallel_size)
+    per_teacher = max(1, slots // len(opd.teachers)) if cfg.cluster.gpus_per_node > 0 else 1
+    return [(t.name, index) for t in opd.teachers for index in range(per_teacher)]
+
+
 def server_tasks_per_node(cfg: MasterConfig, group_name: str) -> int:
-    """Generation (or teacher) servers per node: one per replica of rollout_gpus_per_replica GPUs, one on CPU."""
+    """Generation servers per node: one per replica of rollout_gpus_per_replica GPUs, one on CPU.
+    Teacher servers per node: teacher_servers spread over the teacher nodes."""
     group = getattr(cfg.cluster, group_name)
     if group.tasks_per_node is not None:
         return group.tasks_per_node
+    if group_name == "teacher" and group.num_nodes > 0:
+        return max(1, -(-len(teacher_servers(cfg)) // group.num_nodes))
     gpus = cfg.cluster.gpus_per_node if group.gpus_per_node is None else group.gpus_per_node
     if group.num_nodes == 0 and cfg.cluster.colocate:
         gpus = cfg.cluster.gpus_per_node if cfg.cluster.trainer.gpus_per_node is None \

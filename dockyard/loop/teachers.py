@@ -19,6 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from dockyard.config.schema import MasterConfig
+from dockyard.config.topology import teacher_servers  # noqa: F401 (where each teacher's servers are planned)
 from dockyard.data.datasets import Prompt
 from dockyard.generation.generator import Generator
 from dockyard.policy.dtensor import Sample
@@ -121,18 +122,3 @@ def teacher_model_folder(teacher, export_root) -> str:
     from dockyard.io.hf_export import export_checkpoint
 
     return str(export_checkpoint(teacher.checkpoint_path, teacher.hf_path, Path(export_root) / teacher.name))
-
-
-def teacher_servers(cfg: MasterConfig) -> list[tuple[str, int]]:
-    """(teacher, replica index) of every teacher server: teacher_dp // teachers replicas per teacher
-    (at least one; with fewer teacher slots than teachers, teachers share the group's devices)."""
-    from dockyard.config import topology
-
-    opd = cfg.on_policy_distillation
-    if opd is None:
-        return []
-    p = opd.parallelism
-    slots = topology.teacher_devices(cfg) // max(1, p.tensor_parallel_size * p.pipeline_parallel_size *
-                                                  p.context_parallel_size)
-    per_teacher = max(1, slots // len(opd.teachers)) if cfg.cluster.gpus_per_node > 0 else 1
-    return [(t.name, index) for t in opd.teachers for index in range(per_teacher)]
