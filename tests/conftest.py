@@ -147,3 +147,22 @@ def vllm_server(tiny_tied_model, tmp_path_factory):
                                          "+policy.generation.vllm_cfg.env_vars.DOCKYARD_PROBE=seen-by-the-worker"]).config
     with running_vllm_server(cfg, tmp_path_factory.mktemp("vllm")) as server:
         yield server
+
+
+def scaled_model_copy(model: Path, folder: Path, scale: float) -> Path:
+    """A copy of `model` (same tokenizer) with its weight matrices scaled: a model that gives other logprobs."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(model, folder)
+    weights = {k: (v * scale if v.ndim == 2 else v) for k, v in load_file(folder / "model.safetensors").items()}
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+@pytest.fixture(scope="session")
+def teacher_models(tiny_model, tmp_path_factory) -> dict[str, Path]:
+    """Two OPD teachers, alpha and beta: the tiny model with its weights scaled two ways."""
+    return {name: scaled_model_copy(tiny_model, tmp_path_factory.mktemp("teachers") / name, scale)
+            for name, scale in (("alpha", 1.5), ("beta", 0.5))}

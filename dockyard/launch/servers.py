@@ -112,7 +112,7 @@ def start_servers(cfg: MasterConfig, plan: JobPlan, alloc: Allocation, folder: P
     nodes = alloc.nodes(group.het_group)[:group.nodes]
     backend = cfg.policy.generation.backend
     if role == "teacher":
-        from dockyard.loop.teachers import teacher_servers
+        from dockyard.config.topology import teacher_servers
 
         tp = cfg.on_policy_distillation.parallelism.tensor_parallel_size if cfg.cluster.gpus_per_node > 0 else None
         wanted = teacher_servers(cfg)

@@ -19,7 +19,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from dockyard.config.schema import MasterConfig
-from dockyard.config.topology import teacher_servers  # noqa: F401 (where each teacher's servers are planned)
 from dockyard.data.datasets import Prompt
 from dockyard.generation.generator import Generator
 from dockyard.policy.dtensor import Sample

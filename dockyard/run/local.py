@@ -26,7 +26,8 @@ from dockyard.distributed import free_port
 from dockyard.generation.generator import GenerationServerError
 from dockyard.generation.health import HealthProbe
 from dockyard.loop.support import backend_installed, local_shape, missing_models, teacher_routing, unsupported
-from dockyard.loop.teachers import teacher_model_folder, teacher_servers
+from dockyard.config.topology import teacher_servers
+from dockyard.loop.teachers import teacher_model_folder
 from dockyard.processes import core_share, log_tail, stop_processes
 
 ENGINE_HEALTH_TIMEOUT_S = float(os.environ.get("DOCKYARD_ENGINE_HEALTH_TIMEOUT_S", 600))

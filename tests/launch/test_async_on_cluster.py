@@ -5,12 +5,11 @@ servers of each incarnation are started again and refitted from the checkpoint."
 
 import os
 import random
-import re
 import time
 
 from tests.conftest import require_vllm
-from tests.launch.test_preemption_on_cluster import (logged_steps, preempt_then_requeue, rank0_log, restarts,
-                                                    submit, wait_ended)
+from tests.launch.test_preemption_on_cluster import (completed_after_two_resumes, logged_steps,
+                                                    preempt_then_requeue, submit)
 from tests.launch.test_vllm_on_cluster import TWO_VLLM, metrics
 
 STEPS = 14
@@ -28,12 +27,7 @@ def test_async_run_with_two_vllm_replicas_survives_two_preemptions(slurm_cluster
     job = submit(tmp_path, tiny_model, *TWO_VLLM, *ASYNC, f"grpo.max_num_steps={STEPS}", "checkpointing.save_period=3")
 
     preempt_then_requeue(job, tmp_path, first, second, step_timeout_s=600)
-    assert wait_ended(job, 900) == "COMPLETED"
-    assert restarts(job) == 2
-
-    log = rank0_log(tmp_path, job)
-    resumed = [int(s) for s in re.findall(r"resumed from .*step_(\d+) ", log)]
-    assert len(resumed) == 2 and first <= resumed[0] < second <= resumed[1] < STEPS, (resumed, log[-3000:])
+    log = completed_after_two_resumes(job, tmp_path, first, second, STEPS)
     assert log.count("drawn but not trained before the stop are started again first") == 2
     for incarnation in (0, 1, 2):   # each incarnation started its own servers and refitted them
         for index in (0, 1):

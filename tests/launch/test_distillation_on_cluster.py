@@ -10,15 +10,15 @@ import re
 import time
 
 from tests.launch.conftest import run_submit
-from tests.launch.test_preemption_on_cluster import logged_steps, preempt_then_requeue, rank0_log, restarts, wait_ended
+from tests.launch.test_preemption_on_cluster import completed_after_two_resumes, logged_steps, preempt_then_requeue
 from tests.launch.test_vllm_on_cluster import metrics
-from tests.run.test_distillation_run import OPD, opd_section, teacher_models  # noqa: F401 (fixture)
+from tests.run.test_distillation_run import OPD, opd_section
 
 STEPS = 10
 
 
 def test_distillation_job_with_two_teacher_servers_survives_preemption(slurm_cluster, tmp_path, tiny_model,
-                                                                       teacher_models):  # noqa: F811
+                                                                       teacher_models):
     rng = random.Random(int(os.environ.get("DOCKYARD_TEST_SEED", time.time())))
     first, second = rng.randint(2, 4), rng.randint(6, 8)
     print(f"interrupting at steps {first} (partition preemption) and {second} (scontrol requeue)")
@@ -35,11 +35,7 @@ def test_distillation_job_with_two_teacher_servers_survives_preemption(slurm_clu
     job = re.search(r"submitted job (\d+)", result.stdout).group(1)
 
     preempt_then_requeue(job, tmp_path, first, second, step_timeout_s=600)
-    assert wait_ended(job, 900) == "COMPLETED"
-    assert restarts(job) == 2
-    log = rank0_log(tmp_path, job)
-    resumed = [int(s) for s in re.findall(r"resumed from .*step_(\d+) ", log)]
-    assert len(resumed) == 2 and first <= resumed[0] < second <= resumed[1] < STEPS, (resumed, log[-3000:])
+    log = completed_after_two_resumes(job, tmp_path, first, second, STEPS)
     # each incarnation started both teachers' servers on the teacher component's node
     assert log.count("dockyard: started teacher alpha on node4") == 3, log[-3000:]
     assert log.count("dockyard: started teacher beta on node4") == 3

@@ -74,6 +74,18 @@ def preempt_then_requeue(job: str, workdir: Path, first: int, second: int, step_
     subprocess.run(["scontrol", "requeue", job], check=True, timeout=30)
 
 
+def completed_after_two_resumes(job: str, workdir: Path, first: int, second: int, steps: int,
+                                timeout_s: float = 900) -> str:
+    """After preempt_then_requeue: the job completes, restarted twice, resumed once after each stop;
+    returns rank 0's log."""
+    assert wait_ended(job, timeout_s) == "COMPLETED"
+    assert restarts(job) == 2
+    log = rank0_log(workdir, job)
+    resumed = [int(s) for s in re.findall(r"resumed from .*step_(\d+) ", log)]
+    assert len(resumed) == 2 and first <= resumed[0] < second <= resumed[1] < steps, (resumed, log[-3000:])
+    return log
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(slurm_cluster, tmp_path_factory, tiny_model):
     workdir = tmp_path_factory.mktemp("uninterrupted")

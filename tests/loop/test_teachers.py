@@ -1,11 +1,8 @@
 """Teachers of on-policy distillation: routing by agent name, prefill scoring against real teacher
 servers, and the OPD advantage against a plain computation."""
 
-import shutil
-
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from dockyard.algorithms.advantages import OnPolicyDistillationAdvantage
 from dockyard.config import load_config
@@ -67,18 +64,12 @@ def test_opd_advantage_is_teacher_minus_student_on_trained_tokens_only():
 
 
 @pytest.fixture(scope="module")
-def two_teachers(tiny_model, tmp_path_factory):
+def two_teachers(tiny_model, teacher_models):
     """Two real engine servers with different weights (same tokenizer); yields {name: (url, folder)}."""
-    folders = {}
-    for name, scale in (("alpha", 1.0), ("beta", 0.5)):
-        folder = tmp_path_factory.mktemp("teacher") / name
-        shutil.copytree(tiny_model, folder)
-        weights = {k: (v * scale if v.ndim == 2 else v) for k, v in load_file(folder / "model.safetensors").items()}
-        save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
-        folders[name] = folder
-    with running_engine_server(folders["alpha"], folders["alpha"].parent) as (alpha, _), \
-            running_engine_server(folders["beta"], folders["beta"].parent) as (beta, _):
-        yield {"alpha": (alpha, folders["alpha"]), "beta": (beta, folders["beta"])}
+    alpha, beta = teacher_models["alpha"], teacher_models["beta"]
+    with running_engine_server(alpha, alpha.parent) as (alpha_url, _), \
+            running_engine_server(beta, beta.parent) as (beta_url, _):
+        yield {"alpha": (alpha_url, alpha), "beta": (beta_url, beta)}
 
 
 def own_logprobs(folder, sequence: list[int], start: int) -> list[float]:

@@ -3,11 +3,6 @@ student's tokenizer) beside the student's engine; every rollout goes to the teac
 or dataset selects, and the student trains on teacher-minus-student logprobs per token."""
 
 import json
-import shutil
-
-import pytest
-import torch
-from safetensors.torch import load_file, save_file
 
 from tests.run.test_local_run import run
 
@@ -15,19 +10,6 @@ TEACHERS_CLUSTER = ("cluster.num_nodes=4", "cluster.teacher.num_nodes=1")
 OPD = ("grpo.adv_estimator={name: opd, norm_mode: none}", "grpo.async_grpo.enabled=true",
        "grpo.async_grpo.max_staleness_steps=1", "loss_fn.is_correction.enabled=true",
        "loss_fn.is_correction.lower_bound=0.5", "loss_fn.is_correction.upper_bound=2.0")
-
-
-@pytest.fixture(scope="module")
-def teacher_models(tiny_model, tmp_path_factory):
-    """Two teachers: the tiny model with its weights scaled two ways (same tokenizer as the student)."""
-    folders = {}
-    for name, scale in (("alpha", 1.5), ("beta", 0.5)):
-        folder = tmp_path_factory.mktemp("teachers") / name
-        shutil.copytree(tiny_model, folder)
-        weights = {k: (v * scale if v.ndim == 2 else v) for k, v in load_file(folder / "model.safetensors").items()}
-        save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
-        folders[name] = folder
-    return folders
 
 
 def write_prompts(path, rows):
