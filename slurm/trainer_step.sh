@@ -1,10 +1,16 @@
 # Shared by the hand-written het templates (slurm/*.sbatch), sourced after their #SBATCH lines:
-# validate the config against the allocation, then run the trainer step (jobs/grpo.py --slurm) whose
-# rank 0 starts the generation servers on het group 1, forwarding Slurm's signals to it.
-# Expects: CONFIG, PYTHON, HOME_DIR, FOLDER, and the overrides as "$@".
+# validate the config against the allocation, then run the trainer step (jobs/grpo.py --slurm, or
+# $ENTRY) whose rank 0 starts the generation servers on het group 1 (and the teacher servers on het
+# group 2), forwarding Slurm's signals to it.
+# Expects: CONFIG, PYTHON, HOME_DIR, FOLDER, optionally ENTRY, and the overrides as "$@".
 
 mkdir -p "$FOLDER"
-nodes=$((SLURM_JOB_NUM_NODES_HET_GROUP_0 + SLURM_JOB_NUM_NODES_HET_GROUP_1))
+ENTRY=${ENTRY:-jobs/grpo.py}   # jobs/sft.py in the SFT template
+nodes=0
+for ((group = 0; group < ${SLURM_HET_SIZE:-1}; group++)); do
+  count=SLURM_JOB_NUM_NODES_HET_GROUP_$group
+  nodes=$((nodes + ${!count}))
+done
 
 # Validate with this allocation's node count and write the resolved config the tasks read; a config
 # that does not fit the allocation stops here, before any step starts.
@@ -20,7 +26,7 @@ forward() { echo "dockyard batch: $1 received; forwarding it to the job steps" >
 trap 'forward USR2' USR2
 trap 'echo "dockyard batch: SIGTERM received; waiting for the trainer to save" >&2' TERM
 srun --het-group=0 --kill-on-bad-exit=1 \
-  "$PYTHON" "$HOME_DIR/jobs/grpo.py" --slurm --config "$FOLDER/config.yaml" --folder "$FOLDER" &
+  "$PYTHON" "$HOME_DIR/$ENTRY" --slurm --config "$FOLDER/config.yaml" --folder "$FOLDER" &
 trainer=$!
 status=0
 wait "$trainer" || status=$?
