@@ -85,6 +85,12 @@ def _distillation(cfg: MasterConfig) -> list[Problem]:
     if opd.pg_kl_method != "k1":
         problems.append(Problem("on_policy_distillation.pg_kl_method", f"{opd.pg_kl_method} needs the teachers' "
                                 "distributions over the vocabulary; only k1 (the token-level estimator) is built"))
+    defaults = type(opd).model_fields
+    for name in ("gkd_kl_method", "topk"):   # settings of the GKD branch and the top-k methods, both refused
+        if getattr(opd, name) != defaults[name].default:
+            problems.append(Problem(f"on_policy_distillation.{name}", "would have no effect: it sets the GKD branch "
+                                    "or the top-k estimators, which need the teachers' distributions (not built); "
+                                    "remove it"))
     p = opd.parallelism
     for name in ("pipeline_parallel_size", "context_parallel_size"):
         if getattr(p, name) > 1:

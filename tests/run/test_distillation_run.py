@@ -63,9 +63,11 @@ def test_opd_settings_it_cannot_honour_are_refused_by_name(tiny_model, teacher_m
     invalid = run(tmp_path, tiny_model, *OPD, *TEACHERS_CLUSTER, opd_section(teacher_models),
                   "policy.generation.temperature=0.7", "grpo.filters.identical_reward=true")
     unbuilt = run(tmp_path, tiny_model, *OPD, *TEACHERS_CLUSTER, opd_section(teacher_models),
-                  "on_policy_distillation.gkd_ratio=0.5", "on_policy_distillation.pg_kl_method=full_kl")
+                  "on_policy_distillation.gkd_ratio=0.5", "on_policy_distillation.pg_kl_method=full_kl",
+                  "on_policy_distillation.topk=8")
     for result, paths in ((invalid, ("grpo.filters.identical_reward", "policy.generation.temperature")),
-                          (unbuilt, ("on_policy_distillation.gkd_ratio", "on_policy_distillation.pg_kl_method"))):
+                          (unbuilt, ("on_policy_distillation.gkd_ratio", "on_policy_distillation.pg_kl_method",
+                                     "on_policy_distillation.topk"))):
         assert result.returncode == 2
         for path in paths:
             assert f"  - {path}: " in result.stdout, path
