@@ -38,6 +38,9 @@ class Completion:
     versions: list[int] | None = None   # async: the weights version that sampled each token
 
 
+SCORE_ROWS = 16
+
+
 class Aborted(Exception):
     pass
 
@@ -140,11 +143,20 @@ class Engine:
         """Prefill only: [logprob of seq[t] given seq[:t] for t >= 1] per sequence (raw: temperature 1)."""
         if any(len(s) < 2 for s in sequences):
             raise ValueError("every scored sequence needs at least two tokens")
-        out = []
-        for sequence in sequences:
-            ids = torch.tensor([sequence], device=self.device)
-            logits = self.model(input_ids=ids).logits[0, :-1].float()
-            out.append(torch.log_softmax(logits, dim=-1).gather(-1, ids[0, 1:, None])[:, 0].tolist())
+        out: list[list[float]] = []
+        # right padding leaves every real token's positions and attention as in a row of its own;
+        # SCORE_ROWS rows a forward bound the [rows, length, vocabulary] logits
+        for start in range(0, len(sequences), SCORE_ROWS):
+            chunk = sequences[start:start + SCORE_ROWS]
+            width = max(len(s) for s in chunk)
+            ids = torch.full((len(chunk), width), self.pad_token_id, dtype=torch.long)
+            mask = torch.zeros((len(chunk), width), dtype=torch.long)
+            for row, sequence in enumerate(chunk):
+                ids[row, :len(sequence)], mask[row, :len(sequence)] = torch.tensor(sequence), 1
+            ids, mask = ids.to(self.device), mask.to(self.device)
+            logits = self.model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+            scored = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
+            out += [scored[row, :len(sequence) - 1].tolist() for row, sequence in enumerate(chunk)]
         return out
 
     def _sample(self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator):
