@@ -51,3 +51,19 @@ def test_requests_with_different_sampling_settings_are_not_merged(tiny_model):
     with pytest.raises(ValueError, match="share their sampling settings"):
         engine.generate_many([([PROMPTS[0]], SamplingParams(temperature=1.0)),
                               ([PROMPTS[1]], SamplingParams(temperature=0.5))])
+
+
+def test_batched_prefill_scoring_equals_each_sequence_alone(tiny_model):
+    """Scoring pads rows of different lengths into forwards of SCORE_ROWS rows; every logprob is the
+    one the sequence gets in a forward of its own (20 sequences: two forwards, the second partial)."""
+    from dockyard.models import load_causal_lm
+
+    engine = Engine(tiny_model)
+    sequences = [[1] + [(7 * i + 3 * j) % 50 + 2 for j in range(2 + i % 9)] for i in range(20)]
+    got = engine.score(sequences)
+    model = load_causal_lm(tiny_model).eval()
+    for sequence, scores in zip(sequences, got):
+        with torch.no_grad():
+            logits = model(torch.tensor([sequence])).logits[0, :-1]
+        want = torch.log_softmax(logits, -1).gather(-1, torch.tensor(sequence[1:])[:, None])[:, 0]
+        torch.testing.assert_close(torch.tensor(scores), want, atol=1e-5, rtol=0)
