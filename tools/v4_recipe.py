@@ -161,11 +161,12 @@ def accuracy(model: Path, domain: str, limit: int) -> float:
     return sum(env.score(answers[i], p) >= 1.0 for i, p in enumerate(prompts)) / len(prompts)
 
 
-def evaluate(limit: int) -> None:
+def evaluate(limit: int, with_sft: bool) -> None:
     models = {"base (SmolLM2-135M-Instruct)": Path(os.environ.get("DOCKYARD_MODELS_DIR", "models")) /
               "smollm2-135m-instruct"}
     for domain in DOMAINS:
-        models[f"stage 1 SFT {domain}"] = runs_dir() / f"sft_{domain}" / "checkpoints" / "hf"
+        if with_sft:
+            models[f"stage 1 SFT {domain}"] = runs_dir() / f"sft_{domain}" / "checkpoints" / "hf"
         models[f"stage 2 expert {domain}"] = runs_dir() / f"grpo_{domain}" / "checkpoints" / "hf"
     models["stage 3 consolidated student"] = runs_dir() / "v4_consolidation_smol" / "checkpoints" / "hf"
     models["mixed GRPO (same total time)"] = runs_dir() / "grpo_mixed_smol" / "checkpoints" / "hf"
@@ -183,12 +184,13 @@ def evaluate(limit: int) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=["all", "data", "stage1", "stage2", "stage3", "mixed", "eval"])
-    parser.add_argument("--heldout", type=int, default=200, help="held-out prompts per domain in eval")
+    parser.add_argument("--heldout", type=int, default=150, help="held-out prompts per domain in eval")
+    parser.add_argument("--with-sft", action="store_true", help="eval: also the stage-1 models")
     parser.add_argument("overrides", nargs="*", help="passed to every stage's dockyard run")
     args = parser.parse_args()
     steps = {"data": lambda: make_data(), "stage1": lambda: stage1(args.overrides),
              "stage2": lambda: stage2(args.overrides), "stage3": lambda: stage3(args.overrides),
-             "mixed": lambda: mixed(args.overrides), "eval": lambda: evaluate(args.heldout)}
+             "mixed": lambda: mixed(args.overrides), "eval": lambda: evaluate(args.heldout, args.with_sft)}
     for name in (["data", "stage1", "stage2", "stage3", "mixed", "eval"] if args.what == "all" else [args.what]):
         steps[name]()
     return 0
