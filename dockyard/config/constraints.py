@@ -284,6 +284,12 @@ def distillation(cfg: MasterConfig) -> Iterator[Problem]:
         if dataset.teacher_name and dataset.teacher_name not in names:
             yield Problem(f"data.datasets[{index}].teacher_name",
                           f"{dataset.teacher_name!r} is not a teacher; teachers: {', '.join(names)}")
+    group = cfg.cluster.teacher
+    if group.num_nodes > 0 and group.tasks_per_node is not None \
+            and group.tasks_per_node * group.num_nodes < len(topology.teacher_servers(cfg)):
+        yield Problem("cluster.teacher.tasks_per_node", f"{len(topology.teacher_servers(cfg))} teacher servers need "
+                      f"as many tasks on the teacher nodes, but {group.num_nodes} node(s) x {group.tasks_per_node} "
+                      "give fewer (the extra servers would wait for CPUs forever); raise it or leave it unset")
     teacher_devices = topology.teacher_devices(cfg)
     p = opd.parallelism
     mp = p.tensor_parallel_size * p.pipeline_parallel_size * p.context_parallel_size

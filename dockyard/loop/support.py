@@ -92,6 +92,9 @@ def _distillation(cfg: MasterConfig) -> list[Problem]:
                                     "or the top-k estimators, which need the teachers' distributions (not built); "
                                     "remove it"))
     p = opd.parallelism
+    if cfg.cluster.gpus_per_node == 0 and p.tensor_parallel_size > 1:
+        problems.append(Problem("on_policy_distillation.parallelism.tensor_parallel_size", "teacher servers on CPU "
+                                "are one process each (no tensor parallelism); set it to 1"))
     for name in ("pipeline_parallel_size", "context_parallel_size"):
         if getattr(p, name) > 1:
             problems.append(Problem(f"on_policy_distillation.parallelism.{name}", "teacher servers are "

@@ -15,11 +15,13 @@ from dockyard.policy.dtensor import Sample
 from tests.conftest import running_engine_server
 
 
+_OPD_BASE = ("grpo.adv_estimator={name: opd, norm_mode: none}", "grpo.async_grpo.enabled=true",
+             "loss_fn.is_correction.enabled=true", "loss_fn.is_correction.lower_bound=0.5",
+             "loss_fn.is_correction.upper_bound=2.0", "cluster.num_nodes=4", "cluster.teacher.num_nodes=1")
+
+
 def opd_config(tiny_model, by_agent: str, default: str = "null", datasets: str | None = None):
-    overrides = [f"models_dir={tiny_model.parent}", "grpo.adv_estimator={name: opd, norm_mode: none}",
-                 "grpo.async_grpo.enabled=true", "loss_fn.is_correction.enabled=true",
-                 "loss_fn.is_correction.lower_bound=0.5", "loss_fn.is_correction.upper_bound=2.0",
-                 "cluster.num_nodes=4", "cluster.teacher.num_nodes=1",
+    overrides = [f"models_dir={tiny_model.parent}", *_OPD_BASE,
                  f"+on_policy_distillation={{teachers: [{{name: alpha, hf_path: {tiny_model}}}, "
                  f"{{name: beta, hf_path: {tiny_model}}}], teacher_model_by_agent_name: {by_agent}, "
                  f"default_teacher: {default}}}"]
@@ -103,3 +105,20 @@ def test_each_rollout_is_scored_by_prefill_on_its_teachers_server(tiny_model, tw
                                                               sample.prompt_length))).abs().max() > 1e-2
     for client in clients.values():
         client.close()
+
+
+def test_teacher_settings_that_cannot_take_effect_here_are_refused_by_name(tiny_model):
+    from dockyard.loop.support import unsupported
+    from tests.conftest import problems_of
+
+    cfg = opd_config(tiny_model, "{}")
+    cpu_tp = load_config("grpo_tiny.yaml", [f"models_dir={tiny_model.parent}", *_OPD_BASE, "cluster.cpu_ranks_per_node=2", "cluster.teacher.tasks_per_node=2",
+        f"+on_policy_distillation={{teachers: [{{name: a, hf_path: {tiny_model}}}], "
+        "parallelism: {tensor_parallel_size: 2}}"]).config
+    assert [p.path for p in unsupported(cpu_tp)] == ["on_policy_distillation.parallelism.tensor_parallel_size"]
+    assert unsupported(cfg) == []
+    # two teachers but one teacher task: the second server's srun step would wait for CPUs forever
+    assert any(p.startswith("cluster.teacher.tasks_per_node:") for p in problems_of(
+        "grpo_tiny.yaml", f"models_dir={tiny_model.parent}", *_OPD_BASE, "cluster.teacher.tasks_per_node=1",
+        f"+on_policy_distillation={{teachers: [{{name: a, hf_path: {tiny_model}}}, {{name: b, hf_path: {tiny_model}}}]}}"))
+
