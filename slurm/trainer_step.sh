@@ -25,8 +25,12 @@ done
 forward() { echo "dockyard batch: $1 received; forwarding it to the job steps" >&2; scancel --signal="$1" "$SLURM_JOB_ID"; }
 trap 'forward USR2' USR2
 trap 'echo "dockyard batch: SIGTERM received; waiting for the trainer to save" >&2' TERM
+# The trainer starts with USR2 and SIGTERM blocked (GNU env >= 8.31): a signal that comes while Python
+# is still importing stays pending until dockyard handles it, instead of killing the task.
+guard=()
+if env --block-signal=USR2 true 2>/dev/null; then guard=(env --block-signal=USR2 --block-signal=TERM); fi
 srun --het-group=0 --kill-on-bad-exit=1 \
-  "$PYTHON" "$HOME_DIR/$ENTRY" --slurm --config "$FOLDER/config.yaml" --folder "$FOLDER" &
+  "${guard[@]}" "$PYTHON" "$HOME_DIR/$ENTRY" --slurm --config "$FOLDER/config.yaml" --folder "$FOLDER" &
 trainer=$!
 status=0
 wait "$trainer" || status=$?

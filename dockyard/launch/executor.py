@@ -11,13 +11,12 @@ the watcher reads the leader's `N+0` row as the job's state (stock submitit woul
 from __future__ import annotations
 
 import re
-import shlex
-import sys
 import typing as tp
 
 from submitit.core.core import PicklingExecutor
-
 from submitit.slurm.slurm import SlurmExecutor, SlurmInfoWatcher, SlurmJob, _as_sbatch_flag
+
+from dockyard.launch.startup_guard import guarded_python
 
 _COMPONENT_ROW = re.compile(r"^(\d+)\+(\d+)(\.\S*)?\|")
 
@@ -49,7 +48,8 @@ class HetSlurmExecutor(SlurmExecutor):
             super().__init__(folder, **kwargs)
         else:  # --dry-run renders the script on a machine without Slurm (SlurmExecutor insists on srun)
             PicklingExecutor.__init__(self, folder, **kwargs)
-            self.python = shlex.quote(sys.executable)
+        # the trainer tasks start with USR2 / SIGTERM blocked until dockyard handles them
+        self.python = guarded_python()
         self.extra_components = [dict(c) for c in extra_components]
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:

@@ -560,6 +560,8 @@ def main(stopper: "stopping.StopRequests | None" = None) -> int:
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cfg.cluster.gpus_per_node > 0 \
         else torch.device("cpu")
     torch.manual_seed(cfg.policy.seed)
+    if stopper is not None and stopper.device is None:
+        stopper.device = device
     world = init_trainer_world(device, timeout_s=float(os.environ.get("DOCKYARD_COLLECTIVE_TIMEOUT_S", 1800)))
     trainer_class = GRPOTrainer
     # each loop in its own module
@@ -592,5 +594,16 @@ def main(stopper: "stopping.StopRequests | None" = None) -> int:
     return 0
 
 
+def local_rank_main() -> int:
+    """A trainer rank of `dockyard run`. The driver turns Ctrl-C and SIGTERM into a SIGTERM to every
+    rank (run/local.py); the ranks agree on it at the next safe point, save and exit 0."""
+    stopper = stopping.StopRequests(device=None).install()
+    try:
+        return main(stopper)
+    except RunStopped as stop:
+        print(f"dockyard: {stop}", file=sys.stderr, flush=True)
+        return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(local_rank_main())

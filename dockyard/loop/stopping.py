@@ -25,8 +25,10 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from dockyard.launch.startup_guard import STOP_SIGNALS
+
 NONE, TERM, USR2, DEADLINE = 0, 1, 2, 3
-DESCRIPTION = {TERM: "SIGTERM (preemption or scancel)", USR2: "USR2 (time limit near, or preemption)",
+DESCRIPTION = {TERM: "SIGTERM (preemption, scancel, or a stopped dockyard run)", USR2: "USR2 (time limit near, or preemption)",
                DEADLINE: "the allocation's end time is near"}
 
 
@@ -43,7 +45,7 @@ class RunStopped(Exception):
 
 
 class StopRequests:
-    def __init__(self, device: torch.device, deadline: float | None = None, margin_s: float = 30.0,
+    def __init__(self, device: torch.device | None, deadline: float | None = None, margin_s: float = 30.0,
                  on_signal: Callable[[], None] | None = None):
         self.device, self.deadline, self.margin_s, self.on_signal = device, deadline, margin_s, on_signal
         self.local = NONE
@@ -55,6 +57,10 @@ class StopRequests:
     def install(self) -> "StopRequests":
         signal.signal(signal.SIGUSR2, self._handle)
         signal.signal(signal.SIGTERM, self._handle)
+        # A launcher that starts this process with the stop signals blocked (launch/startup_guard.py)
+        # keeps a signal sent during start-up pending instead of letting its default action kill the
+        # process; unblocking now delivers it to the handler above.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         return self
 
     def _handle(self, signum, frame) -> None:

@@ -28,6 +28,7 @@ from dockyard.generation.health import HealthProbe
 from dockyard.loop.support import backend_installed, local_shape, missing_models, teacher_routing, unsupported
 from dockyard.config.topology import teacher_servers
 from dockyard.loop.teachers import teacher_model_folder
+from dockyard.launch.startup_guard import stop_signals_blocked
 from dockyard.processes import core_share, log_tail, stop_processes
 
 ENGINE_HEALTH_TIMEOUT_S = float(os.environ.get("DOCKYARD_ENGINE_HEALTH_TIMEOUT_S", 600))
@@ -51,12 +52,43 @@ class Terminated(Exception):
         self.signum, self.name = signum, signal.Signals(signum).name
 
 
-def _raise_terminated(signum, frame) -> None:
-    raise Terminated(signum)
+class GracefulStop:
+    """Ctrl-C, SIGTERM or SIGHUP: the first asks the trainer ranks to save at their next safe point and
+    exit (a SIGTERM to each, which they handle like a preemption); a second, or one before any rank
+    runs (nothing to save yet), stops everything at once."""
+
+    def __init__(self):
+        self.ranks: list[Child] = []
+        self.signum: int | None = None
+
+    def install(self) -> "GracefulStop":
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum is not None or not self.ranks:
+            raise Terminated(signum)
+        self.signum = signum
+        print(f"dockyard run: {signal.Signals(signum).name} received; the trainer saves at its next safe point "
+              "and stops (press Ctrl-C again to stop at once, losing the steps after the last checkpoint)",
+              file=sys.stderr, flush=True)
+        for child in self.ranks:
+            if child.process.poll() is None:
+                child.process.send_signal(signal.SIGTERM)
 
 
 def _stop(children: list[Child]) -> None:
     stop_processes((child.process for child in children), SHUTDOWN_GRACE_S)
+
+
+def _last_checkpoint(cfg) -> str:
+    pointer = Path(cfg.checkpointing.checkpoint_dir) / "latest_checkpointed_iteration.txt"
+    if not cfg.checkpointing.enabled:
+        return "checkpointing is disabled: nothing of this run is kept"
+    if not pointer.is_file():
+        return "no checkpoint was saved: the next run starts from step 0"
+    return f"the last checkpoint is step {pointer.read_text().strip()} in {pointer.parent}"
 
 
 def run_local(loaded: LoadedConfig) -> int:
@@ -79,8 +111,7 @@ def run_local(loaded: LoadedConfig) -> int:
 
     # The children run in sessions of their own (a Ctrl-C reaches only this driver); a SIGTERM or
     # SIGHUP (kill, timeout, a closed terminal) must stop them too instead of leaving them running.
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, _raise_terminated)
+    stopping = GracefulStop().install()
     master_port = free_port()
     server = registry.build("generation_backend", cfg.policy.generation.backend, config=cfg)
     backend = cfg.policy.generation.backend
@@ -139,25 +170,30 @@ def run_local(loaded: LoadedConfig) -> int:
                        DOCKYARD_THREADS=str(max(1, cores // world_size)))
             log = None if rank == 0 else log_dir / f"trainer_rank{rank}.log"
             out = None if log is None else open(log, "w")
-            process = subprocess.Popen([sys.executable, "-m", "dockyard.loop.grpo"], env=env, stdout=out,
-                                       stderr=subprocess.STDOUT if out else None, start_new_session=True)
+            with stop_signals_blocked():   # pending, not fatal, until the rank handles them
+                process = subprocess.Popen([sys.executable, "-m", "dockyard.loop.grpo"], env=env, stdout=out,
+                                           stderr=subprocess.STDOUT if out else None, start_new_session=True)
             children.append(Child(f"trainer rank {rank}", process, log))
+            stopping.ranks.append(children[-1])
         (log_dir / "processes.json").write_text(json.dumps(
             {child.name: {"pid": child.process.pid, "log": str(child.log) if child.log else None}
              for child in children}, indent=2))
         print(f"dockyard run: {world_size} trainer rank(s) started; logs in {log_dir}", file=sys.stderr, flush=True)
-        return _supervise(children[:count], children[count:], HealthProbe(clients))
+        code = _supervise(children[:count], children[count:], HealthProbe(clients))
+        if stopping.signum is not None and code == 0:
+            print(f"dockyard run: stopped; {_last_checkpoint(cfg)}. Run the same command again to resume.",
+                  file=sys.stderr)
+            return 128 + stopping.signum
+        return code
     except GenerationServerError as err:
         print(f"dockyard run: {err}", file=sys.stderr)
         return 3
-    except KeyboardInterrupt:
-        print("dockyard run: interrupted; stopping every process", file=sys.stderr)
-        return 130
     except Terminated as stop:
-        print(f"dockyard run: received {stop.name}; stopping every process", file=sys.stderr)
+        print(f"dockyard run: {stop.name} received; stopping every process at once; {_last_checkpoint(cfg)}",
+              file=sys.stderr)
         return 128 + stop.signum
     finally:
-        for signum in (signal.SIGTERM, signal.SIGHUP):
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(signum, signal.SIG_IGN)  # a repeated kill must not cut the stopping short
         _stop(children)
         for client in clients:

@@ -17,11 +17,12 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 PHASES = ("refit", "generate", "reward", "logprobs", "advantages", "train", "checkpoint")
 
 
-def start_run(workdir: Path, model_dir: Path, *overrides: str) -> subprocess.Popen:
+def start_run(workdir: Path, model_dir: Path, *overrides: str, new_session: bool = False) -> subprocess.Popen:
     workdir.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen([sys.executable, "-m", "dockyard.cli", "run", "--config", "grpo_tiny.yaml",
                              f"models_dir={model_dir.parent}", *overrides], cwd=workdir,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=new_session)
 
 
 def run(workdir: Path, model_dir: Path, *overrides: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -89,6 +90,54 @@ def _wait_for_steps(logs: Path, count: int, timeout: float = 120) -> None:
     raise AssertionError(f"no {count} steps in {timeout} s")
 
 
+def _interrupt_after(process: subprocess.Popen, logs: Path, steps: int, *signals: int) -> tuple[str, list[int]]:
+    """Signals to the run's process group, as a terminal sends Ctrl-C; the output and every child's pid."""
+    try:
+        _wait_for_steps(logs, steps)
+        pids = [child["pid"] for child in json.loads((logs / "processes.json").read_text()).values()]
+        for signum in signals:
+            os.killpg(process.pid, signum)
+            time.sleep(0.05)
+        output, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    return output, pids
+
+
+def _reaped(pids: list[int]) -> None:
+    for pid in pids:   # reaped by the driver: no such process any more
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_ctrl_c_saves_at_the_next_safe_point_and_the_same_command_resumes(tiny_model, tmp_path):
+    overrides = ("grpo.max_num_steps=10000", "checkpointing.save_period=1000")
+    process = start_run(tmp_path, tiny_model, *overrides, new_session=True)
+    logs = tmp_path / "runs" / "grpo_tiny" / "logs"
+    output, pids = _interrupt_after(process, logs, 3, signal.SIGINT)
+    assert process.returncode == 128 + signal.SIGINT, output[-3000:]
+    assert "SIGINT received; the trainer saves at its next safe point" in output
+    saved = int((tmp_path / "runs" / "grpo_tiny" / "checkpoints" / "latest_checkpointed_iteration.txt").read_text())
+    assert saved >= 3   # not a save_period step: saved because of the Ctrl-C
+    assert f"saved step {saved}" in output
+    assert f"the last checkpoint is step {saved}" in output and "Run the same command again to resume" in output
+    _reaped(pids)
+    again = run(tmp_path, tiny_model, "grpo.max_num_steps=" + str(saved + 1))
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert f"resumed from runs/grpo_tiny/checkpoints/step_{saved} (step {saved})" in again.stdout
+
+
+def test_a_second_ctrl_c_stops_at_once_and_says_what_is_lost(tiny_model, tmp_path):
+    process = start_run(tmp_path, tiny_model, "grpo.max_num_steps=10000", "checkpointing.save_period=2",
+                        new_session=True)
+    logs = tmp_path / "runs" / "grpo_tiny" / "logs"
+    output, pids = _interrupt_after(process, logs, 3, signal.SIGINT, signal.SIGINT)
+    assert process.returncode == 128 + signal.SIGINT, output[-3000:]
+    assert "SIGINT received; stopping every process at once; the last checkpoint is step " in output
+    _reaped(pids)
+
+
 def test_a_terminated_driver_stops_its_engine_and_ranks(tiny_model, tmp_path):
     process = start_run(tmp_path, tiny_model, "grpo.max_num_steps=10000", "checkpointing.enabled=false")
     logs = tmp_path / "runs" / "grpo_tiny" / "logs"
@@ -101,10 +150,9 @@ def test_a_terminated_driver_stops_its_engine_and_ranks(tiny_model, tmp_path):
         if process.poll() is None:
             process.kill()
     assert process.returncode == 128 + signal.SIGTERM, output[-2000:]
-    assert "received SIGTERM; stopping every process" in output
-    for pid in pids:   # reaped by the driver: no such process any more
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
+    assert "SIGTERM received; the trainer saves at its next safe point" in output
+    assert "checkpointing is disabled: nothing of this run is kept" in output
+    _reaped(pids)
 
 
 @pytest.mark.parametrize("victim,named", [("generation server (embedded)", "generation server (embedded)"),
