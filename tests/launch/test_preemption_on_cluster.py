@@ -141,6 +141,29 @@ def test_time_limit_signal_saves_requeues_and_the_run_completes(slurm_cluster, t
     assert state["step"] == steps
 
 
+def test_a_warning_signal_during_start_up_requeues_instead_of_killing_the_job(slurm_cluster, tmp_path, tiny_model):
+    """USR2 sent again and again from the moment the trainer tasks start (Python still importing, no
+    handler installed yet) until dockyard reports it: the tasks start with it blocked, so it waits
+    for the handler; before the first step nothing is saved and the job requeues, then completes."""
+    steps = 3
+    job = submit(tmp_path, tiny_model, f"grpo.max_num_steps={steps}")
+    task_log = tmp_path / "slurm" / f"{job}_0_log.err"
+    wait_until(lambda: task_log.is_file(), 120, "the trainer tasks to start")
+    sent = 0
+    deadline = time.monotonic() + 120
+    while "received USR2" not in task_log.read_text(errors="replace") and restarts(job) == 0 \
+            and job_state(job) in ("PENDING", "RUNNING", "REQUEUED", "UNKNOWN"):
+        assert time.monotonic() < deadline, "no trainer task reported the USR2 within 120 s"
+        subprocess.run(["scancel", "--signal=USR2", job], capture_output=True, timeout=30)
+        sent += 1
+        time.sleep(0.1)
+    assert wait_ended(job, 600) == "COMPLETED", rank0_log(tmp_path, job)[-3000:]
+    log = rank0_log(tmp_path, job)
+    assert sent >= 1 and restarts(job) == 1, (sent, log[-3000:])
+    assert "stopped after step 0: USR2" in log and "requeued" in log
+    assert logged_steps(tmp_path) == list(range(1, steps + 1))
+
+
 def test_kill_9_during_a_save_leaves_the_previous_checkpoint_current(slurm_cluster, tmp_path, tiny_model):
     checkpoints = tmp_path / "runs" / "grpo_tiny" / "checkpoints"
     job = submit(tmp_path, tiny_model, "grpo.max_num_steps=400", "checkpointing.save_period=1",
