@@ -53,6 +53,15 @@ def cmd_validate(ns: argparse.Namespace) -> int:
             print(err.render(), file=sys.stderr)
             continue
         loaded.print_advice()
+        if ns.preflight:
+            from dockyard.launch.plan import plan_job
+            from dockyard.preflight import preflight
+
+            report = preflight(loaded.config, "submit", plan_job(loaded.config))
+            report.print("dockyard validate", loaded.source)
+            if report.problems:
+                failed += 1
+                continue
         if ns.out:
             if len(files) > 1:
                 print("dockyard validate: --out takes one config", file=sys.stderr)
@@ -145,6 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(validate)
     validate.add_argument("--show", action="store_true", help="print the resolved config")
     validate.add_argument("--out", metavar="FILE", help="write the resolved config to FILE (what a job reads)")
+    validate.add_argument("--preflight", action="store_true", help="also check what the run will read and where "
+                          "it will run: datasets, model folders, output folders, the Slurm partition, account "
+                          "and QOS, installed backends (what dockyard-submit checks before it queues a job)")
     validate.add_argument("args", nargs="*", metavar="PATH|OVERRIDE",
                           help="config files or folders, and Hydra overrides (a.b=v, +a.new=v, ~a.b)")
     validate.set_defaults(func=cmd_validate)

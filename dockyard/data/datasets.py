@@ -37,6 +37,24 @@ def read_rows(spec: str) -> list[dict[str, Any]]:
     path, rows_slice = split_row_slice(spec)
     if not path.is_file():
         raise DatasetError(f"dataset file not found: {path}")
+    try:
+        rows = _read_file(path)
+    except OSError as err:   # unreadable, or deleted while being read
+        raise DatasetError(f"{path}: cannot be read ({err.strerror or err})") from None
+    except UnicodeDecodeError as err:
+        raise DatasetError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    for bound in (rows_slice.start, rows_slice.stop):
+        if bound is not None and abs(bound) > len(rows):
+            raise DatasetError(f"{spec}: the row slice [{_bound(rows_slice.start)}:{_bound(rows_slice.stop)}] is out of "
+                               f"range: the file has {len(rows)} rows")
+    return rows[rows_slice]
+
+
+def _bound(value: int | None) -> str:
+    return "" if value is None else str(value)
+
+
+def _read_file(path: Path) -> list[dict[str, Any]]:
     if path.suffix == ".jsonl":
         rows = []
         with open(path, encoding="utf-8") as handle:
@@ -50,13 +68,16 @@ def read_rows(spec: str) -> list[dict[str, Any]]:
                 if not isinstance(row, dict):
                     raise DatasetError(f"{path}:{number}: each line must be a JSON object")
                 rows.append(row)
-    elif path.suffix == ".parquet":
+        return rows
+    if path.suffix == ".parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        rows = pq.read_table(path).to_pylist()
-    else:
-        raise DatasetError(f"{path}: unsupported dataset format {path.suffix!r} (use .jsonl or .parquet)")
-    return rows[rows_slice]
+        try:
+            return pq.read_table(path).to_pylist()
+        except (pa.ArrowException, ValueError) as err:
+            raise DatasetError(f"{path}: not a readable parquet file ({err})") from None
+    raise DatasetError(f"{path}: unsupported dataset format {path.suffix!r} (use .jsonl or .parquet)")
 
 
 def generate_rows(config: DatasetConfig) -> list[dict[str, Any]]:

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from dockyard.config import ConfigError, load_config
-from dockyard.config.errors import Problem
 from dockyard.config.loader import LoadedConfig, import_folders
 from dockyard.config.schema import MasterConfig
 from dockyard.launch.plan import JobPlan, plan_job
@@ -75,12 +74,6 @@ def build_executor(cfg: MasterConfig, plan: JobPlan, folder: Path, require_slurm
                                signal_delay_s=slurm.signal_delay_s, setup=list(slurm.setup), srun_args=srun_args,
                                additional_parameters=additional, **shared, **_gpu_flags(cfg, trainer.gpus_per_node))
     return executor
-
-
-def preflight(cfg: MasterConfig) -> list[Problem]:
-    from dockyard.loop.support import backend_installed, missing_models, unsupported
-
-    return unsupported(cfg) + backend_installed(cfg) + missing_models(cfg)
 
 
 def _flag_overrides(ns: argparse.Namespace) -> list[str]:
@@ -162,15 +155,15 @@ def wait_for(job, timeout_s: float | None) -> int:
 def submit(loaded: LoadedConfig, dry_run: bool, wait: bool, wait_timeout_s: float | None) -> int:
     from dockyard.launch.job import TrainerJob
 
+    from dockyard.preflight import preflight
+
     cfg = loaded.config
-    problems = preflight(cfg)
-    if problems:
-        _say(f"config {loaded.source} cannot run ({len(problems)} problem{'s' if len(problems) != 1 else ''}):")
-        for problem in problems:
-            print(f"  - {problem}", file=sys.stderr)
+    plan = plan_job(cfg)
+    report = preflight(cfg, "submit", plan)
+    report.print("dockyard-submit", loaded.source)
+    if report.problems:
         _say("nothing was submitted")
         return EXIT_CONFIG
-    plan = plan_job(cfg)
     folder = job_folder(cfg)
     print(f"plan for {loaded.source} ({plan.total_nodes} nodes):\n{plan.table()}\n")
     if dry_run:

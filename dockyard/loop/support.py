@@ -166,33 +166,6 @@ def backend_installed(cfg: MasterConfig) -> list[Problem]:
     return problems
 
 
-def missing_models(cfg: MasterConfig) -> list[Problem]:
-    """Model folders the run would load (policy, reference) that are not there: named before anything starts."""
-    from dockyard.models import ModelNotFoundError, checkpoint_weights_folder, model_folder
-
-    reference = cfg.loss_fn.reference_model
-    wanted = [("policy.model_name", cfg.policy.model_name, model_folder)]
-    if cfg.loss_fn.reference_policy_kl_penalty > 0:
-        if reference.hf_path:
-            wanted.append(("loss_fn.reference_model.hf_path", reference.hf_path, model_folder))
-        if reference.checkpoint_path:
-            # a set but unusable checkpoint never falls back to hf_path
-            wanted.append(("loss_fn.reference_model.checkpoint_path", reference.checkpoint_path,
-                           checkpoint_weights_folder))
-    for index, teacher in enumerate(cfg.on_policy_distillation.teachers if cfg.on_policy_distillation else []):
-        wanted.append((f"on_policy_distillation.teachers[{index}].hf_path", teacher.hf_path, model_folder))
-        if teacher.checkpoint_path:
-            wanted.append((f"on_policy_distillation.teachers[{index}].checkpoint_path", teacher.checkpoint_path,
-                           checkpoint_weights_folder))
-    problems = []
-    for path, folder, check in wanted:
-        try:
-            check(folder)
-        except ModelNotFoundError as err:
-            problems.append(Problem(path, str(err)))
-    return problems
-
-
 def teacher_routing(cfg: MasterConfig) -> list[Problem]:
     """OPD: every training row has a teacher (loop/teachers.py), checked before any process starts."""
     if cfg.on_policy_distillation is None:

@@ -25,10 +25,10 @@ from dockyard.config.loader import LoadedConfig, import_folders
 from dockyard.distributed import free_port
 from dockyard.generation.generator import GenerationServerError
 from dockyard.generation.health import HealthProbe
-from dockyard.loop.support import backend_installed, local_shape, missing_models, teacher_routing, unsupported
 from dockyard.config.topology import teacher_servers
 from dockyard.loop.teachers import teacher_model_folder
 from dockyard.launch.startup_guard import stop_signals_blocked
+from dockyard.preflight import preflight
 from dockyard.processes import core_share, log_tail, stop_processes
 
 ENGINE_HEALTH_TIMEOUT_S = float(os.environ.get("DOCKYARD_ENGINE_HEALTH_TIMEOUT_S", 600))
@@ -93,13 +93,9 @@ def _last_checkpoint(cfg) -> str:
 
 def run_local(loaded: LoadedConfig) -> int:
     cfg = loaded.config
-    problems = unsupported(cfg) + local_shape(cfg) + backend_installed(cfg) + missing_models(cfg)
-    problems += teacher_routing(cfg) if not problems else []
-    if problems:
-        print(f"dockyard run: config {loaded.source} cannot run here ({len(problems)} problem"
-              f"{'s' if len(problems) != 1 else ''}):", file=sys.stderr)
-        for problem in problems:
-            print(f"  - {problem}", file=sys.stderr)
+    report = preflight(cfg, "local")
+    report.print("dockyard run", loaded.source)
+    if report.problems:
         return 2
 
     log_dir = Path(cfg.logger.log_dir)

@@ -10,7 +10,7 @@ import torch.distributed.checkpoint as dcp
 from dockyard import registry
 from dockyard.config import load_config
 from dockyard.io.checkpoint import CheckpointLoadError, CheckpointManager, load_model_weights
-from dockyard.loop.support import missing_models
+from dockyard.preflight import model_problems
 from dockyard.policy.dtensor import Sample
 
 
@@ -48,7 +48,7 @@ def reference_problems(tiny_model, path) -> list[str]:
     cfg = load_config("grpo_tiny.yaml", [f"models_dir={tiny_model.parent}", "loss_fn.reference_policy_kl_penalty=0.1",
                                          f"loss_fn.reference_model.checkpoint_path={path}",
                                          "loss_fn.reference_model.hf_path=${policy.model_name}"]).config
-    return [str(p) for p in missing_models(cfg)]
+    return [str(p) for p in model_problems(cfg)[0]]
 
 
 def test_unusable_checkpoint_paths_are_named_before_anything_starts(tiny_model, tmp_path):
