@@ -17,6 +17,30 @@ class ModelNotFoundError(FileNotFoundError):
     pass
 
 
+class ModelLoadError(RuntimeError):
+    """A model folder that is there but cannot be loaded (changed since the preflight, e.g. between a
+    submit and a requeued restart): the message names the file."""
+
+
+def readable_model_folder(path: str | Path) -> Path:
+    """The folder, once its config, weights and their headers pass the preflight's checks."""
+    from dockyard.preflight.model_folders import check_model_folder
+
+    folder = model_folder(path)
+    problems, _ = check_model_folder("", str(folder))
+    if problems:
+        raise ModelLoadError("; ".join(problem.message for problem in problems))
+    return folder
+
+
+def _load(what: str, loader, folder: Path):
+    try:
+        return loader(folder)
+    except Exception as err:   # transformers raises many kinds; the run needs one named error
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise ModelLoadError(f"{folder}: the {what} cannot be loaded: {type(err).__name__}: {first}") from None
+
+
 def model_folder(path: str | Path) -> Path:
     folder = Path(path).expanduser()
     if not (folder / "config.json").is_file():
@@ -52,14 +76,15 @@ def load_causal_lm(path: str | Path, dtype: torch.dtype = torch.float32):
     from transformers import AutoModelForCausalLM
 
     _quiet_transformers()
-    return AutoModelForCausalLM.from_pretrained(model_folder(path), dtype=dtype)
+    return _load("model", lambda folder: AutoModelForCausalLM.from_pretrained(folder, dtype=dtype),
+                 readable_model_folder(path))
 
 
 def load_tokenizer(path: str | Path):
     from transformers import AutoTokenizer
 
     _quiet_transformers()
-    return AutoTokenizer.from_pretrained(model_folder(path))
+    return _load("tokenizer", AutoTokenizer.from_pretrained, model_folder(path))
 
 
 def save_model_folder(model, tokenizer, out: str | Path) -> Path:

@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -314,12 +315,16 @@ def main(argv=None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s engine %(levelname)s %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
-    from dockyard.models import DTYPES
+    from dockyard.models import DTYPES, ModelLoadError, ModelNotFoundError
 
     # USR2 is the Slurm warning / preemption signal meant for the trainer (it checkpoints); a server
     # must outlive it so the trainer can finish its step and save.
     signal.signal(signal.SIGUSR2, lambda *_: log.info("USR2 received (the trainer handles it); serving on"))
-    engine = Engine(args.model, device=args.device, dtype=DTYPES[args.dtype], max_batch_size=args.max_batch_size)
+    try:
+        engine = Engine(args.model, device=args.device, dtype=DTYPES[args.dtype], max_batch_size=args.max_batch_size)
+    except (ModelLoadError, ModelNotFoundError) as err:
+        print(f"dockyard engine: model error: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))

@@ -83,6 +83,14 @@ def prepare(argv: list[str], what: str) -> list[str] | None:
     except SamplingRefused as err:
         print(f"dockyard {what} server: {err}", file=sys.stderr, flush=True)
         return None
+    if serve and not serve[0].startswith("-") and Path(serve[0]).is_dir():
+        from dockyard.preflight.model_folders import check_model_folder
+
+        problems, _ = check_model_folder("", serve[0])   # changed since the preflight: named, not a traceback
+        if problems:
+            print(f"dockyard {what} server: model error: {'; '.join(p.message for p in problems)}", file=sys.stderr,
+                  flush=True)
+            return None
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     port = int(_value(serve, "--port") or 0)
     if port == 0:

@@ -45,7 +45,7 @@ from dockyard.loop.rollouts import RolloutCollector
 from dockyard.loop.safeguarding import apply_safeguards, enabled_safeguards
 from dockyard.loop.stopping import RunStopped
 from dockyard.loop.teachers import TeacherRoutingError
-from dockyard.models import DTYPES, ModelNotFoundError, load_tokenizer
+from dockyard.models import DTYPES, ModelLoadError, ModelNotFoundError, load_tokenizer
 from dockyard.policy.dtensor import PolicySetupError, Sample, TrainingInterrupted
 
 
@@ -587,6 +587,9 @@ def main(stopper: "stopping.StopRequests | None" = None) -> int:
         return 2
     except (ReferenceModelError, PolicySetupError, ConfigError, TeacherRoutingError) as err:
         print(f"dockyard: {err}", file=sys.stderr, flush=True)
+        return 2
+    except (ModelLoadError, ModelNotFoundError) as err:   # changed since the preflight
+        print(f"dockyard: model error: {err}", file=sys.stderr, flush=True)
         return 2
     finally:
         if dist.is_initialized():

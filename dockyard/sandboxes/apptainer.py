@@ -34,7 +34,8 @@ class ApptainerSandbox(HostFolderSandbox):
     @classmethod
     def refuses(cls, config) -> str | None:
         if shutil.which("apptainer") is None and shutil.which("singularity") is None:
-            return "env.sandbox.type: apptainer is not installed here (nor singularity)"
+            return ("env.sandbox.type: apptainer is not installed here (nor singularity): `module load apptainer` on "
+                    "clusters that ship it, else the packages of https://apptainer.org/docs/admin/main/installation.html")
         if not getattr(config, "image", None):
             return "env.sandbox.image: an apptainer sandbox needs an image (a .sif file or a docker:// reference)"
         return None
@@ -59,7 +60,8 @@ class EnrootSandbox(HostFolderSandbox):
     @classmethod
     def refuses(cls, config) -> str | None:
         if shutil.which("enroot") is None:
-            return "env.sandbox.type: enroot is not installed here"
+            return ("env.sandbox.type: enroot is not installed here: the packages of "
+                    "https://github.com/NVIDIA/enroot/blob/master/doc/installation.md (with Pyxis on Slurm clusters)")
         image = getattr(config, "image", None)
         if not image or not str(image).endswith(".sqsh"):
             return "env.sandbox.image: an enroot sandbox needs a squashfs image file (enroot import -o IMAGE.sqsh ...)"
