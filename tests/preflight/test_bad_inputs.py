@@ -124,10 +124,20 @@ def log_dir_inside_a_file(tmp, model):
                 f"written: {tmp}/notes.txt is not a writable folder")
 
 
+def sft_conversation_without_a_reply(tmp, model):
+    path = _jsonl(tmp / "chat.jsonl", [json.dumps({"messages": [{"role": "user", "content": "hi"},
+                                                                {"role": "assistant", "content": "hello"}]}),
+                                       json.dumps({"messages": [{"role": "user", "content": "no reply"}]})])
+    return Case(["+sft={max_num_steps: 2}", "policy.dynamic_batching={enabled: true, max_tokens_per_gpu: 256}",
+                 f"data.datasets=[{{name: chat, path: '{path}', input_key: messages, label_key: null}}]"],
+                f"data.datasets[0].path: dataset 'chat' row 1: no assistant message, so nothing to train on")
+
+
 CASES = [missing_dataset, broken_jsonl_line, unreadable_parquet, missing_input_column, slice_out_of_range,
          validation_set_missing_labels, generator_that_does_not_build, model_config_not_json, truncated_safetensors,
          sharded_index_missing_a_shard, tokenizer_that_does_not_load, chat_template_that_does_not_render,
-         incomplete_resume_step, pointer_to_an_incomplete_step, checkpoint_dir_is_a_file, log_dir_inside_a_file]
+         incomplete_resume_step, pointer_to_an_incomplete_step, checkpoint_dir_is_a_file, log_dir_inside_a_file,
+         sft_conversation_without_a_reply]
 
 
 @pytest.fixture
