@@ -10,7 +10,7 @@ NORM_MODES = ("none", "group_mean", "group_zscore", "batch_mean", "batch_zscore"
 class GroupRelativeAdvantage:
     """GRPO: reward minus the group (or batch) mean, optionally divided by its standard deviation."""
 
-    def __init__(self, norm_mode: str = "group_zscore", epsilon: float = 1e-6, **_: object):
+    def __init__(self, norm_mode: str = "group_zscore", epsilon: float = 1e-6):
         if norm_mode not in NORM_MODES:
             raise ValueError(f"unknown norm_mode {norm_mode!r}; one of {', '.join(NORM_MODES)}")
         self.norm_mode, self.epsilon = norm_mode, epsilon
@@ -52,7 +52,7 @@ class OnPolicyDistillationAdvantage:
 
     per_token = True
 
-    def __init__(self, norm_mode: str = "none", epsilon: float = 1e-6, pg_ratio: float = 1.0, **_: object):
+    def __init__(self, norm_mode: str = "none", epsilon: float = 1e-6, pg_ratio: float = 1.0):
         if norm_mode != "none":
             raise ValueError(f"opd advantages are per-token teacher/student log-ratios; norm_mode must be none, "
                              f"got {norm_mode!r}")

@@ -498,3 +498,17 @@ def tracking(cfg: MasterConfig) -> Iterator[Problem]:
     """MLflow logging needs logger.mlflow.tracking_uri (seed 002 6)."""
     if cfg.logger.mlflow_enabled and not cfg.logger.mlflow.tracking_uri:
         yield Problem("logger.mlflow.tracking_uri", "required when logger.mlflow_enabled is true")
+
+
+# --- the optimizer ---------------------------------------------------------------------------
+
+@rule
+def adam_settings_need_adam(cfg: MasterConfig) -> Iterator[Problem]:
+    """betas and eps belong to AdamW; with sgd they would be ignored."""
+    opt = cfg.policy.optimizer
+    if opt.name == "sgd":
+        defaults = type(opt).model_fields
+        for name in ("betas", "eps"):
+            if getattr(opt, name) != defaults[name].default:
+                yield Problem(f"policy.optimizer.{name}", "an AdamW setting; policy.optimizer.name is sgd, which has "
+                              "none: remove it or use adamw")

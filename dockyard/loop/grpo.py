@@ -485,7 +485,7 @@ class GRPOTrainer:
         logger = MetricsLogger(cfg.logger.log_dir, cfg.logger.tensorboard_enabled, self.max_steps, start) \
             if self.world.is_main else None
         gpus = None
-        if logger and cfg.cluster.gpus_per_node > 0:
+        if logger and cfg.cluster.gpus_per_node > 0 and cfg.logger.monitor_gpus:
             from dockyard.io.gpu_monitor import GpuMonitor
 
             gpus = GpuMonitor()

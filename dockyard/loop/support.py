@@ -50,9 +50,54 @@ def unsupported(cfg: MasterConfig) -> list[Problem]:
         problems.append(Problem("policy.generation.allow_multimodal_inputs", "the GRPO loop does not train on "
                                 "image inputs yet: its datasets carry no images and the policy's logprobs "
                                 "would ignore them; turn it off"))
-    problems += _distillation(cfg) + _sft(cfg)
+    problems += _distillation(cfg) + _sft(cfg) + _unbuilt_settings(cfg)
     problems += _agent_setup(cfg) if not problems else []
     return problems
+
+
+def _unbuilt_settings(cfg: MasterConfig) -> list[Problem]:
+    """Settings the schema accepts whose mechanism is not built: refused when set away from their
+    default, instead of being ignored."""
+    problems = []
+    datasets = [(f"data.datasets[{i}]", d) for i, d in enumerate(cfg.data.datasets)]
+    datasets += [("data.validation", cfg.data.validation)] if cfg.data.validation is not None else []
+    for path, dataset in datasets:
+        if dataset.buffer_replay_strategy is not None:
+            problems.append(Problem(f"{path}.buffer_replay_strategy", "the GRPO loops carry no buffer of groups "
+                                    "between steps (dynamic sampling drops the surplus), so there is nothing to "
+                                    "replay; remove it"))
+    router = cfg.policy.generation.router
+    for name, spec in type(router).model_fields.items():
+        if getattr(router, name) != spec.default:
+            problems.append(Problem(f"policy.generation.router.{name}", "there is no router process: the agent "
+                                    "loop sends each turn to the generation servers itself; remove it"))
+    logger = cfg.logger
+    if logger.gpu_monitoring_interval_s != type(logger).model_fields["gpu_monitoring_interval_s"].default:
+        problems.append(Problem("logger.gpu_monitoring_interval_s", "GPU figures are sampled once per step, when "
+                                "the step's metrics are logged, not on a timer; remove it"))
+    problems += _estimator_settings(cfg)
+    return problems
+
+
+def _estimator_settings(cfg: MasterConfig) -> list[Problem]:
+    """Extra keys under grpo.adv_estimator go to the estimator's constructor: only those it takes."""
+    import inspect
+
+    adv = cfg.grpo.adv_estimator
+    entry = registry.get("advantage_estimator", adv.name)
+    if entry.factory is None or not adv.model_extra:
+        return []
+    if adv.name == "opd":   # the distillation loop builds it from on_policy_distillation
+        return [Problem(f"grpo.adv_estimator.{key}", "the opd estimator takes its settings from "
+                        "on_policy_distillation (pg_ratio) and norm_mode / epsilon; remove it")
+                for key in adv.model_extra]
+    params = inspect.signature(entry.factory).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return []
+    takes = [name for name in params if name not in ("norm_mode", "epsilon")]
+    return [Problem(f"grpo.adv_estimator.{key}", f"not a setting of the {adv.name!r} estimator (it takes "
+                    f"{', '.join(['norm_mode', 'epsilon', *takes])}); remove it")
+            for key in adv.model_extra if key not in params]
 
 
 def _sft(cfg: MasterConfig) -> list[Problem]:

@@ -95,6 +95,13 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(layers)
 
 
+def build_optimizer(opt, parameters) -> torch.optim.Optimizer:
+    if opt.name == "sgd":   # plain SGD; weight decay as L2 in the gradient (torch's SGD)
+        return torch.optim.SGD(parameters, lr=opt.lr, weight_decay=opt.weight_decay)
+    return torch.optim.AdamW(parameters, lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps,
+                             weight_decay=opt.weight_decay)
+
+
 def lr_factor(step: int, warmup: int, total: int, shape: str, min_ratio: float) -> float:
     """LR multiplier after `step` optimizer steps: linear warmup, then constant / linear / cosine."""
     if warmup and step < warmup:
@@ -143,9 +150,7 @@ class DTensorPolicy:
         fully_shard(self.model, mesh=mesh, mp_policy=mixed)
         self.optimizer = self.scheduler = None
         if trainable:
-            opt = policy.optimizer
-            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=opt.lr, betas=tuple(opt.betas),
-                                               eps=opt.eps, weight_decay=opt.weight_decay)
+            self.optimizer = build_optimizer(policy.optimizer, self.model.parameters())
             sched = policy.scheduler
             self.scheduler = torch.optim.lr_scheduler.LambdaLR(
                 self.optimizer, lambda step: lr_factor(step, sched.warmup_steps, total_optimizer_steps,

@@ -159,7 +159,7 @@ def run_local(loaded: LoadedConfig) -> int:
             except GenerationServerError as err:
                 raise GenerationServerError(f"{err}\n{log_tail(child.log)}") from None
         for rank in range(world_size):
-            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+            env = dict(os.environ, **cfg.policy.env_vars, RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port), DOCKYARD_CONFIG=str(config_file),
                        DOCKYARD_REPLICAS=json.dumps(replicas), DOCKYARD_TEACHERS=json.dumps(teachers),
                        DOCKYARD_IMPORT_PATH=import_folders(Path(loaded.source)),

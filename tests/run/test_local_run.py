@@ -112,9 +112,14 @@ def _reaped(pids: list[int]) -> None:
 
 
 def test_ctrl_c_saves_at_the_next_safe_point_and_the_same_command_resumes(tiny_model, tmp_path):
-    overrides = ("grpo.max_num_steps=10000", "checkpointing.save_period=1000")
+    overrides = ("grpo.max_num_steps=10000", "checkpointing.save_period=1000", "+policy.env_vars.DOCKYARD_MARK=rank")
     process = start_run(tmp_path, tiny_model, *overrides, new_session=True)
     logs = tmp_path / "runs" / "grpo_tiny" / "logs"
+    _wait_for_steps(logs, 1)
+    ranks = json.loads((logs / "processes.json").read_text())
+    environ = lambda name: Path(f"/proc/{ranks[name]['pid']}/environ").read_bytes().split(b"\0")   # noqa: E731
+    assert b"DOCKYARD_MARK=rank" in environ("trainer rank 1")   # policy.env_vars reach the ranks only
+    assert b"DOCKYARD_MARK=rank" not in environ("generation server (embedded)")
     output, pids = _interrupt_after(process, logs, 3, signal.SIGINT)
     assert process.returncode == 128 + signal.SIGINT, output[-3000:]
     assert "SIGINT received; the trainer saves at its next safe point" in output

@@ -31,7 +31,8 @@ class DatasetConfig(Section):
     data_pre_processor: Optional[component("data_pre_processor")] = field(
         None, "Raw-row pre-processor (see `dockyard list`).")
     buffer_replay_strategy: Optional[component("buffer_replay_strategy")] = field(
-        None, "Order of buffered groups in dynamic sampling; null means fifo.")
+        None, "Order of buffered groups in dynamic sampling; null means fifo.", "Not built: the loops carry no "
+        "buffer between steps; a value is refused.")
     num_prompts_per_step: Optional[PositiveInt] = field(
         None, "This dataset's share of grpo.num_prompts_per_step; null splits it by weight.",
         "When set on every dataset, the shares must sum to grpo.num_prompts_per_step.")

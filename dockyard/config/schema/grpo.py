@@ -10,7 +10,7 @@ from dockyard.config.fields import OpenSection, Section, component, field
 
 
 class AdvantageEstimator(OpenSection):
-    """Extra keys are passed to the estimator's constructor."""
+    """Extra keys are passed to the estimator's constructor; one it does not take is refused by name."""
 
     name: component("advantage_estimator") = field("grpo", "Advantage estimator (see `dockyard list`).",
                                                    "opd needs on_policy_distillation and async_grpo.")

@@ -33,6 +33,7 @@ class LoggerConfig(Section):
     mlflow: MlflowConfig = field(MlflowConfig, "MLflow settings.")
     swanlab: SwanlabConfig = field(SwanlabConfig, "SwanLab settings.")
     monitor_gpus: bool = field(True, "Sample GPU utilisation and memory (nvidia-ml-py) when GPUs exist.")
-    gpu_monitoring_interval_s: float = field(10.0, "GPU sampling interval.", gt=0)
+    gpu_monitoring_interval_s: float = field(10.0, "GPU sampling interval.", "Not built: GPUs are sampled once "
+                                             "per step; a value other than 10 is refused.", gt=0)
     num_samples_to_print: NonNegativeInt = field(0, "Trajectories printed to the console per step.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = field("INFO", "Console log level.")

@@ -56,7 +56,8 @@ class MegatronConfig(OpenSection):
 
 
 class OptimizerConfig(Section):
-    name: Literal["adamw", "sgd"] = field("adamw", "Optimizer.")
+    name: Literal["adamw", "sgd"] = field("adamw", "Optimizer: AdamW, or plain SGD (lr, weight_decay).",
+                                          "betas / eps only with adamw.")
     lr: float = field(1.0e-6, "Peak learning rate.", gt=0)
     weight_decay: float = field(0.01, "Decoupled weight decay.", ge=0)
     betas: tuple[float, float] = field((0.9, 0.999), "Adam betas.")
@@ -118,7 +119,8 @@ class ChatTemplateConfig(Section):
 
 
 class RouterConfig(Section):
-    """The agent-side router that forwards multi-turn requests to the generation servers."""
+    """The agent-side router that forwards multi-turn requests to the generation servers (not built:
+    the agent loop sends each turn to the servers itself; a setting away from its default is refused)."""
 
     port: int = field(0, "Listen port; 0 picks a free one.", ge=0, le=65535)
     accumulate_reasoning: bool = field(True, "Keep reasoning tokens in the context across turns.")

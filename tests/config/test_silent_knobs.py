@@ -1,0 +1,46 @@
+"""Settings the schema accepts either take effect or are refused by name before anything starts."""
+
+import pytest
+import torch
+
+from dockyard.config import ConfigError, load_config
+from dockyard.loop.support import unsupported
+
+REFUSED = {
+    "data.datasets.0.buffer_replay_strategy=lifo": "data.datasets[0].buffer_replay_strategy: the GRPO loops carry "
+                                                   "no buffer",
+    "policy.generation.router.port=8123": "policy.generation.router.port: there is no router process",
+    "policy.generation.router.max_connections=4": "policy.generation.router.max_connections: there is no router",
+    "logger.gpu_monitoring_interval_s=2": "logger.gpu_monitoring_interval_s: GPU figures are sampled once per step",
+    "+grpo.adv_estimator.gamma=0.9": "grpo.adv_estimator.gamma: not a setting of the 'grpo' estimator (it takes "
+                                     "norm_mode, epsilon)",
+}
+
+
+@pytest.mark.parametrize("override", list(REFUSED))
+def test_an_unbuilt_setting_is_refused_by_name(override):
+    cfg = load_config("grpo_tiny.yaml", ["models_dir=models", override]).config
+    problems = [str(p) for p in unsupported(cfg)]
+    assert any(REFUSED[override] in p for p in problems), problems
+    assert not unsupported(load_config("grpo_tiny.yaml", ["models_dir=models"]).config)
+
+
+def test_adam_settings_with_sgd_are_refused_at_validate():
+    with pytest.raises(ConfigError, match="policy.optimizer.eps: an AdamW setting; policy.optimizer.name is sgd"):
+        load_config("grpo_tiny.yaml", ["models_dir=models", "policy.optimizer.name=sgd", "policy.optimizer.eps=1e-6"])
+
+
+@pytest.mark.parametrize("name,kind", [("sgd", torch.optim.SGD), ("adamw", torch.optim.AdamW)])
+def test_the_named_optimizer_is_the_one_that_steps(tiny_model, single_rank_world, name, kind):
+    from dockyard.policy.dtensor import DTensorPolicy
+
+    cfg = load_config("grpo_tiny.yaml", [f"models_dir={tiny_model.parent}", f"policy.optimizer.name={name}",
+                                         "policy.optimizer.lr=0.1", "policy.optimizer.weight_decay=0"]).config
+    policy = DTensorPolicy(cfg, single_rank_world, torch.device("cpu"), total_optimizer_steps=1)
+    assert type(policy.optimizer) is kind
+    if name == "sgd":   # one step is p - lr * grad exactly
+        weight = next(p for p in policy.model.parameters() if p.requires_grad)
+        before = weight.detach().full_tensor().clone()
+        weight.grad = torch.ones_like(weight)
+        policy.optimizer.step()
+        assert torch.allclose(weight.detach().full_tensor(), before - 0.1)
