@@ -288,14 +288,17 @@ class GRPOTrainer:
             pass
 
     def validate(self, step: int) -> dict[str, float]:
-        """Greedy accuracy on the validation split (engine weights refreshed first); every answer is
+        """Accuracy on the validation split at policy.generation.eval_temperature (null: the sampling
+        temperature; the shipped configs set 0, greedy), engine weights refreshed first; every answer is
         written to <log_dir>/validation/step_<N>.jsonl."""
         self.refit()
         if not self.world.is_main:
             return {}
         self.generating = True
+        generation = self.cfg.policy.generation
+        temperature = generation.temperature if generation.eval_temperature is None else generation.eval_temperature
         try:
-            results = self.collector.evaluate(self.validation, 0.0)
+            results = self.collector.evaluate(self.validation, temperature)
         except GenerationServerError:
             if self.stopper is not None and self.stopper.requested:
                 return {}

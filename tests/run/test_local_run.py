@@ -226,3 +226,19 @@ def test_validation_accuracy_and_every_answer_are_logged(tiny_model, tmp_path):
         assert metrics[step]["val/accuracy"] == sum(a["reward"] >= 1 for a in answers) / 12
         assert metrics[step]["val/reward"] == pytest.approx(sum(a["reward"] for a in answers) / 12)
     assert not (logs / "validation" / "step_1.jsonl").exists()
+
+
+def test_validation_samples_at_eval_temperature(tiny_model, tmp_path):
+    """The shipped configs validate greedily (eval_temperature 0); null reuses the sampling temperature
+    (1.0 here), which gives other answers from the same weights."""
+    responses = {}
+    for value in ("0.0", "null"):
+        workdir = tmp_path / value
+        result = run(workdir, tiny_model, "grpo.max_num_steps=1", "checkpointing.enabled=false",
+                     "grpo.val_at_start=true", "grpo.val_period=0", f"policy.generation.eval_temperature={value}",
+                     "data.validation={name: v, shuffle: false, generator: {name: basic_arithmetic, size: 8, seed: 5}}")
+        assert result.returncode == 0, result.stdout[-3000:]
+        rows = (workdir / "runs" / "grpo_tiny" / "logs" / "validation" / "step_0.jsonl").read_text().splitlines()
+        responses[value] = [json.loads(row)["response"] for row in rows]
+    assert len(responses["0.0"]) == len(responses["null"]) == 8
+    assert responses["0.0"] != responses["null"]
