@@ -6,6 +6,8 @@ the jobs inside an allocation) goes through it, so a config that passes here pas
 
 from __future__ import annotations
 
+import re
+
 import difflib
 import importlib
 import os
@@ -60,6 +62,7 @@ def load_config(config: str | Path, overrides: Sequence[str] = (),
     unresolved = _unresolvable(tree)
     if unresolved:
         raise ConfigError(problems + unresolved, source)
+    stray = _stray_top_level_keys(tree)
     container = OmegaConf.to_container(tree, resolve=True)
     problems += _import_user_modules(container, source)
     master, schema_problems = _validate(container)
@@ -68,7 +71,24 @@ def load_config(config: str | Path, overrides: Sequence[str] = (),
         problems += constraints.check(master)
     if problems:
         raise ConfigError(problems, source)
-    return LoadedConfig(master, source, container, constraints.advise(master))
+    return LoadedConfig(master, source, container, stray + constraints.advise(master))
+
+
+def _stray_top_level_keys(tree: DictConfig) -> list[Problem]:
+    """Top-level keys beside the schema are allowed as variables for `${...}` (models_dir, data_dir);
+    a section (a mapping) that nothing refers to is most likely a misspelt one (`grpoo:`), which would
+    otherwise pass unseen."""
+    raw = OmegaConf.to_yaml(tree, resolve=False)
+    return [Problem(key, "is not a section of the schema and no ${...} refers to it; a misspelt section? "
+                    f"(it is ignored{_did_you_mean(str(key))})")
+            for key in tree.keys() if key not in MasterConfig.model_fields
+            and isinstance(tree._get_node(key), DictConfig)
+            and not re.search(r"\$\{\s*" + re.escape(str(key)) + r"\b", raw)]
+
+
+def _did_you_mean(key: str) -> str:
+    close = difflib.get_close_matches(key, list(MasterConfig.model_fields), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 # --- overrides -------------------------------------------------------------------------------

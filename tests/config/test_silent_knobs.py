@@ -44,3 +44,14 @@ def test_the_named_optimizer_is_the_one_that_steps(tiny_model, single_rank_world
         weight.grad = torch.ones_like(weight)
         policy.optimizer.step()
         assert torch.allclose(weight.detach().full_tensor(), before - 0.1)
+
+
+def test_a_misspelt_top_level_section_is_a_warning_naming_it():
+    loaded = load_config("grpo_tiny.yaml", ["models_dir=models", "+grpoo.max_num_steps=3"])
+    assert [str(p) for p in loaded.advice if p.path == "grpoo"] == [
+        "grpoo: is not a section of the schema and no ${...} refers to it; a misspelt section? (it is ignored; "
+        "did you mean 'grpo'?)"]
+    referenced = load_config("grpo_tiny.yaml", ["models_dir=models", "+paths={root: /tmp/x}",
+                                                "logger.log_dir=${paths.root}/logs"])
+    assert not [p for p in referenced.advice if p.path == "paths"]
+    assert referenced.config.logger.log_dir == "/tmp/x/logs"
