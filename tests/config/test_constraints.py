@@ -163,6 +163,8 @@ CASES = [
     ("evaluation", "sft", ["data.validation=null"], "sft.val_period: validation every 200 steps needs data.validation"),
     ("tracking", "grpo_tiny", ["logger.mlflow_enabled=true"],
      "logger.mlflow.tracking_uri: required when logger.mlflow_enabled is true"),
+    ("adam_settings_need_adam", "grpo_tiny", ["policy.optimizer.name=sgd", "policy.optimizer.betas=[0.8,0.9]"],
+     "policy.optimizer.betas: an AdamW setting; policy.optimizer.name is sgd, which has none"),
 ]
 
 
