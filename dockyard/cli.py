@@ -1,4 +1,4 @@
-"""Command line: `dockyard validate | run | list` and `dockyard-submit`.
+"""Command line: `dockyard validate | run | list | env | export` and `dockyard-submit`.
 
 Config problems exit with status 2 and a list of what is wrong; they never print a traceback.
 """
@@ -140,6 +140,21 @@ def cmd_env_index(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export_hf(ns: argparse.Namespace) -> int:
+    import time
+
+    from dockyard.io.hf_export import ExportError, export_step
+
+    started = time.perf_counter()
+    try:
+        out = export_step(ns.checkpoint, ns.out, ns.model)
+    except ExportError as err:
+        print(f"dockyard export hf: {err}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(f"wrote {out} in {time.perf_counter() - started:.1f} s")
+    return 0
+
+
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="config file (a path, or a name from the config family)")
     parser.add_argument("--config-dir", action="append", default=[], metavar="DIR",
@@ -180,6 +195,17 @@ def build_parser() -> argparse.ArgumentParser:
     env_index.add_argument("folder")
     env_index.add_argument("--out", metavar="FILE", help="write here (paths relative to it); default: stdout")
     env_index.set_defaults(func=cmd_env_index)
+
+    export = sub.add_parser("export", help="convert a saved checkpoint").add_subparsers(dest="export_command",
+                                                                                         required=True)
+    export_hf = export.add_parser("hf", help="write a Hugging Face folder (model.safetensors, config, tokenizer, "
+                                  "generation config) from a saved step")
+    export_hf.add_argument("--checkpoint", required=True, metavar="DIR",
+                           help="a step_<N> folder, or a checkpoint_dir (its newest complete step)")
+    export_hf.add_argument("--out", required=True, metavar="DIR", help="the folder to write (replaced if present)")
+    export_hf.add_argument("--model", metavar="DIR", help="the model folder the run trained (default: the one the "
+                           "step records)")
+    export_hf.set_defaults(func=cmd_export_hf)
 
     listing = sub.add_parser("list", help="print the component catalog by kind")
     listing.add_argument("kind", nargs="?", help="only this kind")

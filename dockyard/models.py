@@ -59,9 +59,10 @@ def checkpoint_weights_folder(path: str | Path) -> Path:
     if (folder / "latest_checkpointed_iteration.txt").is_file():
         raise ModelNotFoundError(f"{folder} is a checkpoint_dir (it holds latest_checkpointed_iteration.txt); "
                                  "name one step folder inside it, e.g. " + str(folder / "step_<N>"))
-    if not (folder / "trainer_state.json").is_file() or not (folder / "dcp" / ".metadata").is_file():
+    weights = (folder / "dcp" / ".metadata").is_file() or (folder / "hf" / "model.safetensors").is_file()
+    if not (folder / "trainer_state.json").is_file() or not weights:
         raise ModelNotFoundError(f"{folder} is not a complete dockyard checkpoint (needs trainer_state.json "
-                                 "and dcp/.metadata)")
+                                 "and dcp/.metadata, or hf/model.safetensors from a save_state: false run)")
     return folder
 
 

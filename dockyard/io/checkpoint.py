@@ -3,9 +3,10 @@
 Layout under `checkpointing.checkpoint_dir`:
 
     step_4/                          one complete checkpoint
-      dcp/                           torch.distributed.checkpoint: model + optimizer shards
+      dcp/                           with save_state: torch.distributed.checkpoint model shards, and the
+                                     optimizer's with save_optimizer
       rng_rank<r>.pt                 each rank's RNG states
-      trainer_state.json             step, scheduler, data position, metric
+      trainer_state.json             step, scheduler, data position, metric, and what the step holds
       hf/                            with checkpointing.export_hf: the weights as an HF folder
     latest_checkpointed_iteration.txt   "4": the newest complete checkpoint
     hf -> step_4/hf                  with export_hf: the newest step's HF folder (hf_export.py)
@@ -13,6 +14,10 @@ Layout under `checkpointing.checkpoint_dir`:
 A save writes `step_N.tmp/`, fsyncs every file, renames it to `step_N` and only then rewrites the
 pointer (itself via a temporary file and rename). A crash at any moment leaves the previous
 checkpoint and a pointer to a complete one.
+
+Every step can be resumed from. A step without dcp/ (save_state: false) resumes from its HF weights,
+which are the float32 master weights exactly; one without the optimizer's shards (save_optimizer:
+false, or save_state: false) restarts the optimizer's moments, and resume says so.
 """
 
 from __future__ import annotations
@@ -86,6 +91,9 @@ def load_model_weights(path: str | Path, model: torch.nn.Module) -> None:
     from dockyard.models import checkpoint_weights_folder
 
     folder = checkpoint_weights_folder(path)
+    if not (folder / "dcp" / ".metadata").is_file():
+        _load_hf_weights(folder / "hf", model)
+        return
     state = {"model": get_model_state_dict(model)}
     try:
         dcp.load(state, checkpoint_id=str(folder / "dcp"))
@@ -94,6 +102,34 @@ def load_model_weights(path: str | Path, model: torch.nn.Module) -> None:
         raise CheckpointLoadError(f"{folder} does not hold this model's weights: "
                                   f"{lines[-1][:600] if lines else type(err).__name__}") from None
     set_model_state_dict(model, state["model"])
+
+
+def _load_hf_weights(folder: Path, model: torch.nn.Module) -> None:
+    """The weights of an HF export (every rank calls it; rank 0 reads the file and broadcasts it)."""
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    distributed = dist.is_initialized()
+    weights = load_file(str(folder / "model.safetensors")) if not distributed or dist.get_rank() == 0 else {}
+    names = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
+    if weights and (missing := sorted(names - set(weights) - _non_persistent_buffers(model))):
+        raise CheckpointLoadError(f"{folder} does not hold this model's weights: missing {', '.join(missing[:5])}")
+    result = set_model_state_dict(model, weights, options=StateDictOptions(
+        full_state_dict=True, broadcast_from_rank0=distributed, strict=False))
+    tied = set(model.state_dict()) - names
+    unexpected = [n for n in getattr(result, "unexpected_keys", []) if n not in tied]
+    if unexpected:
+        raise CheckpointLoadError(f"{folder} does not hold this model's weights: unexpected {', '.join(unexpected[:5])}")
+
+
+def _non_persistent_buffers(model: torch.nn.Module) -> set[str]:
+    return {f"{prefix}.{name}" if prefix else name for prefix, module in model.named_modules()
+            for name in module._non_persistent_buffers_set}
+
+
+def contents(trainer_state: dict[str, Any]) -> dict[str, bool]:
+    """What a step holds (steps written before this record held DCP weights and optimizer, no HF folder)."""
+    return {"dcp": True, "optimizer": True, "hf": False, "model": None, **trainer_state.get("contents", {})}
 
 
 def _barrier() -> None:
@@ -133,11 +169,25 @@ class CheckpointManager:
         return int(pointer.read_text().strip()) if pointer.is_file() else None
 
     def load(self, path: Path, model: torch.nn.Module, optimizer, scheduler) -> dict[str, Any]:
-        model_state, optim_state = get_state_dict(model, optimizer)
-        state = {"model": model_state, "optim": optim_state}
-        dcp.load(state, checkpoint_id=str(path / "dcp"))
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        """The training state of step folder `path`; its "not_restored" lists what the step did not hold."""
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
         trainer_state = json.loads((path / "trainer_state.json").read_text())
+        held = contents(trainer_state)
+        if held["dcp"] and held["optimizer"]:
+            model_state, optim_state = get_state_dict(model, optimizer)
+            state = {"model": model_state, "optim": optim_state}
+            dcp.load(state, checkpoint_id=str(path / "dcp"))
+            set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        elif held["dcp"]:
+            state = {"model": get_model_state_dict(model)}
+            dcp.load(state, checkpoint_id=str(path / "dcp"))
+            set_model_state_dict(model, state["model"])
+        else:
+            _load_hf_weights(path / "hf", model)
+        trainer_state["not_restored"] = [] if held["optimizer"] else [
+            "the optimizer state (saved with " + ("save_optimizer: false" if held["dcp"] else "save_state: false")
+            + "): its moments restart from zero"]
         if scheduler is not None:
             scheduler.load_state_dict(trainer_state["scheduler"])
         rng_file = path / f"rng_rank{self.rank}.pt"
@@ -161,15 +211,19 @@ class CheckpointManager:
         if self.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)  # leftovers of a save that was killed
+            tmp.mkdir()
         _barrier()
-        model_state, optim_state = get_state_dict(model, optimizer)
-        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp / "dcp"))
+        if self.config.save_state:
+            dcp.save(self._state_to_save(model, optimizer), checkpoint_id=str(tmp / "dcp"))
         torch.save(rng_state(), tmp / f"rng_rank{self.rank}.pt")
         if self.config.export_hf:
             self._export_hf(model, tmp / "hf")
         _barrier()
         if self.rank == 0:
-            state = dict(trainer_state, step=step, scheduler=scheduler.state_dict() if scheduler else None)
+            held = {"dcp": self.config.save_state, "optimizer": self.config.save_state and self.config.save_optimizer,
+                    "hf": self.config.export_hf, "model": str(Path(self.hf_source).resolve()) if self.hf_source else None}
+            state = dict(trainer_state, step=step, scheduler=scheduler.state_dict() if scheduler else None,
+                         contents=held)
             (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2, default=float))
             _fsync_tree(tmp)
             shutil.rmtree(final, ignore_errors=True)  # an incomplete leftover (no trainer_state.json)
@@ -180,6 +234,14 @@ class CheckpointManager:
             self._apply_retention(step)
         _barrier()
         return final
+
+    def _state_to_save(self, model: torch.nn.Module, optimizer) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        if not self.config.save_optimizer:
+            return {"model": get_model_state_dict(model)}
+        model_state, optim_state = get_state_dict(model, optimizer)
+        return {"model": model_state, "optim": optim_state}
 
     def _export_hf(self, model: torch.nn.Module, out: Path) -> None:
         """Every rank takes part in gathering the full weights; rank 0 writes them."""

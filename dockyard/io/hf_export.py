@@ -8,6 +8,7 @@ half-written folder is never mistaken for a model.
 
     step_<N>/hf/                 written at save time with checkpointing.export_hf
     <checkpoint_dir>/hf          a link to the newest step's hf folder (what configs name)
+    anywhere                     `dockyard export hf --checkpoint STEP|CHECKPOINT_DIR --out DIR` afterwards
 """
 
 from __future__ import annotations
@@ -71,3 +72,39 @@ def export_checkpoint(step_folder: str | Path, source: str | Path, out: str | Pa
     load_model_weights(step_folder, model)
     tied = set(model.state_dict()) - {n for n, _ in model.named_parameters()} - {n for n, _ in model.named_buffers()}
     return write_hf_folder(model.state_dict(), source, out, skip=tied)
+
+
+class ExportError(RuntimeError):
+    """A checkpoint that cannot be exported, with the reason (the CLI prints it without a traceback)."""
+
+
+def step_folder_of(checkpoint: str | Path) -> Path:
+    """A step folder, or a checkpoint_dir's newest complete step (its pointer)."""
+    from dockyard.io.checkpoint import POINTER
+
+    path = Path(checkpoint).expanduser()
+    if (path / POINTER).is_file():
+        path = path / f"step_{(path / POINTER).read_text().strip()}"
+    if not (path / "trainer_state.json").is_file():
+        raise ExportError(f"{path} is not a complete dockyard checkpoint step (no trainer_state.json); name a "
+                          "step_<N> folder or the checkpoint_dir holding latest_checkpointed_iteration.txt")
+    return path
+
+
+def export_step(checkpoint: str | Path, out: str | Path, model: str | Path | None = None) -> Path:
+    """`dockyard export hf`: the HF folder of a saved step. `model` (default: the folder the run trained,
+    as the step records it) gives the architecture, config and tokenizer."""
+    import json
+
+    from dockyard.io.checkpoint import CheckpointLoadError, contents
+    from dockyard.models import ModelLoadError, ModelNotFoundError
+
+    step = step_folder_of(checkpoint)
+    source = model or contents(json.loads((step / "trainer_state.json").read_text()))["model"]
+    if source is None:
+        raise ExportError(f"{step} does not record the model folder it trained; pass --model FOLDER (the run's "
+                          "policy.model_name)")
+    try:
+        return export_checkpoint(step, source, out)
+    except (ModelNotFoundError, ModelLoadError, CheckpointLoadError) as err:
+        raise ExportError(str(err)) from None

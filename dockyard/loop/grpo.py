@@ -447,6 +447,8 @@ class GRPOTrainer:
             for loader, loader_state in zip(self.loaders, state["loaders"]):
                 loader.load_state_dict(loader_state)
             print(f"resumed from {path} (step {state['step']})", file=sys.stderr, flush=True)
+            for what in state["not_restored"]:
+                print(f"dockyard: resumed without {what}", file=sys.stderr, flush=True)
         return int(state["step"])
 
     def _snapshot(self) -> dict:

@@ -41,7 +41,9 @@ def size(count: float) -> str:
 
 def checkpoint_bytes(cfg: MasterConfig, parameters: int) -> int:
     ckpt = cfg.checkpointing
-    per_parameter = STATE_BYTES + OPTIMIZER_BYTES + (HF_BYTES if ckpt.export_hf else 0)
+    per_parameter = ((STATE_BYTES if ckpt.save_state else 0)
+                     + (OPTIMIZER_BYTES if ckpt.save_state and ckpt.save_optimizer else 0)
+                     + (HF_BYTES if ckpt.export_hf else 0))
     return parameters * per_parameter
 
 

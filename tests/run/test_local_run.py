@@ -80,6 +80,23 @@ def test_resume_is_bitwise_exact(straight_run, tiny_model, tmp_path):
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
 
 
+def test_save_state_false_resumes_both_ranks_from_the_hf_weights_and_says_what_it_lost(straight_run, tiny_model,
+                                                                                      tmp_path):
+    workdir, _ = straight_run
+    hf_only = ("checkpointing.save_state=false", "checkpointing.export_hf=true")
+    first = run(tmp_path, tiny_model, "grpo.max_num_steps=2", *hf_only)
+    assert first.returncode == 0, first.stdout
+    step_2 = tmp_path / "runs" / "grpo_tiny" / "checkpoints" / "step_2"
+    assert not (step_2 / "dcp").exists()
+    exported, straight = load_file(str(step_2 / "hf" / "model.safetensors")), final_weights(workdir, 2)
+    assert set(exported) == set(straight) and all(torch.equal(exported[k], straight[k]) for k in straight)
+    second = run(tmp_path, tiny_model, "grpo.max_num_steps=3", *hf_only)
+    assert second.returncode == 0, second.stdout
+    assert "resumed from runs/grpo_tiny/checkpoints/step_2 (step 2)" in second.stdout
+    assert "resumed without the optimizer state (saved with save_state: false)" in second.stdout
+    assert (step_2.parent / "step_3" / "hf" / "model.safetensors").is_file()
+
+
 def _wait_for_steps(logs: Path, count: int, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -20,10 +20,15 @@ class CheckpointingConfig(Section):
                                       "unless among the top k. 0 with keep_top_k null keeps every checkpoint.")
     metric_name: Optional[str] = field(None, "Metric ranking checkpoints for keep_top_k (e.g. val_reward).")
     higher_is_better: bool = field(True, "Direction of metric_name.")
-    save_state: bool = field(True, "Write the full training state (torch.distributed.checkpoint: weights, "
-                             "optimizer, scheduler, data position, RNG).",
+    save_state: bool = field(True, "Write the sharded training state (torch.distributed.checkpoint: weights and, "
+                             "with save_optimizer, the optimizer) to step_<N>/dcp. false keeps only the HF folder; "
+                             "resume then loads the weights from it and restarts the optimizer, and says so. "
+                             "Scheduler, data position and RNG are always saved (they are small).",
                              "With enabled, at least one of save_state / export_hf must be true.")
-    save_optimizer: bool = field(True, "Include optimizer state (needed for exact resume).")
-    export_hf: bool = field(False, "Also write HF safetensors weights to step_<N>/hf.")
+    save_optimizer: bool = field(True, "Include the optimizer state (needed for exact resume; about 2/3 of a "
+                                 "checkpoint with AdamW). false: resume restarts the optimizer's moments and says so.")
+    export_hf: bool = field(False, "Also write the weights as a Hugging Face folder to step_<N>/hf (model.safetensors "
+                            "in float32, config, tokenizer, generation config); <checkpoint_dir>/hf names the "
+                            "newest. `dockyard export hf` converts any saved step afterwards.")
     resume_from: Optional[str] = field("auto", "auto resumes from the latest complete checkpoint in "
                                        "checkpoint_dir; a path resumes from that checkpoint; null starts fresh.")
