@@ -185,6 +185,11 @@ class PromptLoader:
             self.offset += 1
         return out
 
+    @property
+    def completed_epochs(self) -> int:
+        """Passes over every row so far (the pass just drawn to its last row counts)."""
+        return self.epoch + (self.offset >= len(self._order))
+
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "offset": self.offset}
 

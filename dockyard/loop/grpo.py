@@ -430,8 +430,16 @@ class GRPOTrainer:
     # --- run ----------------------------------------------------------------------------------
 
     def finished(self, step: int) -> bool:
-        """True when the run ends after `step` before max_steps (SFT: its epochs are done)."""
-        return False
+        """True when the run ends after `step` before max_steps: every training dataset has been drawn
+        grpo.max_num_epochs times (rank 0 holds the loaders; every rank gets its answer)."""
+        epochs = self._broadcast(min(loader.completed_epochs for loader in self.loaders) if self.world.is_main
+                                 else None)
+        done = epochs >= self.cfg.grpo.max_num_epochs
+        if done and self.world.is_main:
+            print(f"dockyard: the training data has been passed over {epochs} time(s) "
+                  f"(grpo.max_num_epochs={self.cfg.grpo.max_num_epochs}); ending after step {step}",
+                  file=sys.stderr, flush=True)
+        return done
 
     def _trainer_state(self, metrics: dict[str, float]) -> dict:
         return {"loaders": [loader.state_dict() for loader in self.loaders] if self.world.is_main else None,

@@ -39,10 +39,6 @@ class NextTokenLoss:
         return -inputs.logprobs, {}
 
 
-def completed_epochs(loader) -> int:
-    return loader.epoch + (loader.offset >= len(loader.prompts))
-
-
 class SFTTrainer(GRPOTrainer):
     def __init__(self, cfg, world, device, replicas, weight_sync_port):
         super().__init__(cfg, world, device, replicas, weight_sync_port)
@@ -96,7 +92,7 @@ class SFTTrainer(GRPOTrainer):
         trained = sum(sum(s.loss_mask) for s in samples)
         metrics = {"data/tokens": float(sum(len(s.token_ids) for s in samples)), "data/trained_tokens": float(trained),
                    "data/truncated": float(sum(cut for _, cut in pairs)),
-                   "data/epoch": float(min(completed_epochs(loader) for loader in self.loaders))}
+                   "data/epoch": float(min(loader.completed_epochs for loader in self.loaders))}
         return samples, int(metrics["data/epoch"]), metrics
 
     # --- the step -----------------------------------------------------------------------------

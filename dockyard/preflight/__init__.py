@@ -19,6 +19,7 @@ Where = Literal["submit", "local"]
 class Report:
     problems: list[Problem] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def print(self, who: str, source: str) -> None:
         if self.problems:
@@ -29,6 +30,8 @@ class Report:
                 print(f"  - {problem}", file=sys.stderr)
         for note in self.skipped:
             print(f"{who}: preflight skipped: {note}", file=sys.stderr)
+        for note in self.notes:
+            print(f"{who}: note: {note}", file=sys.stderr)
 
 
 def model_problems(cfg: MasterConfig) -> tuple[list[Problem], int]:
@@ -70,7 +73,7 @@ def preflight(cfg: MasterConfig, where: Where, plan=None, slurm: bool = True) ->
         report.problems += local_shape(cfg)
     models, parameters = model_problems(cfg)
     report.problems += models
-    datasets = check_datasets(cfg)
+    datasets, report.notes = check_datasets(cfg)
     report.problems += datasets
     if not datasets and not models:
         report.problems += teacher_routing(cfg)

@@ -17,10 +17,11 @@ def dataset_fields(cfg: MasterConfig) -> list[tuple[str, object]]:
     return fields
 
 
-def check_datasets(cfg: MasterConfig) -> list[Problem]:
+def check_datasets(cfg: MasterConfig) -> tuple[list[Problem], list[str]]:
+    """Problems, and a note when grpo.max_num_epochs ends the run before max_num_steps."""
     from dockyard.data.datasets import DatasetError, load_prompts
 
-    problems = []
+    problems, rows = [], {}
     for field, dataset in dataset_fields(cfg):
         where = f"{field}.{'path' if dataset.path is not None else 'generator'}"
         try:
@@ -28,9 +29,28 @@ def check_datasets(cfg: MasterConfig) -> list[Problem]:
         except DatasetError as err:
             problems.append(Problem(where, str(err)))
             continue
+        rows[field] = len(prompts)
         if cfg.sft is not None:
             problems += _conversations(cfg, field, dataset, prompts)
-    return problems
+    notes = [] if problems or cfg.sft is not None else _epochs_end_the_run(cfg, rows)
+    return problems, notes
+
+
+def _epochs_end_the_run(cfg: MasterConfig, rows: dict[str, int]) -> list[str]:
+    """Each training dataset gets its weight's share of the step's prompts; the run ends once the slowest
+    one has been drawn max_num_epochs times (oversampling and dynamic sampling draw more, so sooner)."""
+    import math
+
+    grpo, datasets = cfg.grpo, cfg.data.datasets
+    total_weight = sum(d.weight for d in datasets)
+    steps = max(math.ceil(grpo.max_num_epochs * rows[f"data.datasets[{i}]"]
+                          / (grpo.num_prompts_per_step * d.weight / total_weight)) for i, d in enumerate(datasets))
+    if steps >= grpo.max_num_steps:
+        return []
+    count = sum(rows[f"data.datasets[{i}]"] for i in range(len(datasets)))
+    return [f"grpo.max_num_epochs={grpo.max_num_epochs} ends the run after about step {steps} of "
+            f"grpo.max_num_steps={grpo.max_num_steps} ({count} training rows, {grpo.num_prompts_per_step} prompts "
+            "a step); raise max_num_epochs to train longer"]
 
 
 def _conversations(cfg: MasterConfig, field: str, dataset, prompts) -> list[Problem]:

@@ -97,6 +97,17 @@ def test_save_state_false_resumes_both_ranks_from_the_hf_weights_and_says_what_i
     assert (step_2.parent / "step_3" / "hf" / "model.safetensors").is_file()
 
 
+def test_max_num_epochs_ends_the_run_after_the_last_pass_and_preflight_says_when(tiny_model, tmp_path):
+    result = run(tmp_path, tiny_model, "grpo.max_num_epochs=1", "grpo.max_num_steps=10",
+                 "data.datasets.0.generator.size=8")
+    assert result.returncode == 0, result.stdout
+    assert "grpo.max_num_epochs=1 ends the run after about step 2 of grpo.max_num_steps=10" in result.stdout
+    assert "passed over 1 time(s) (grpo.max_num_epochs=1); ending after step 2" in result.stdout
+    logs = tmp_path / "runs" / "grpo_tiny"
+    assert [json.loads(line)["step"] for line in (logs / "logs" / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    assert (logs / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+
+
 def _wait_for_steps(logs: Path, count: int, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

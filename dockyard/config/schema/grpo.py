@@ -75,7 +75,9 @@ class GRPOConfig(Section):
     num_generations_per_prompt: PositiveInt = field(..., "Trajectories per prompt (N, the group size).")
     max_num_steps: PositiveInt = field(..., "Training steps.")
     max_num_epochs: PositiveInt = field(1, "Passes over the training data (the run stops at whichever "
-                                        "of max_num_steps / max_num_epochs comes first).")
+                                        "of max_num_steps / max_num_epochs comes first; with several datasets, "
+                                        "when each has been drawn this often). The preflight notes the step "
+                                        "at which the epochs end the run.")
     max_rollout_turns: PositiveInt = field(1, "Model turns per trajectory.", "> 1 needs env.agent.")
     run_mode: Literal["default", "train_only", "rollout_only"] = field(
         "default", "default: rollout + train; train_only: train on rollouts saved under rollout_data_path; "
