@@ -404,6 +404,14 @@ def reference_model(cfg: MasterConfig) -> Iterator[Problem]:
                       "a moving reference needs loss_fn.reference_policy_kl_penalty > 0")
     if loss.kl_in_reward and not kl_on:
         yield Problem("loss_fn.kl_in_reward", "needs loss_fn.reference_policy_kl_penalty > 0")
+    if loss.use_unbiased_kl and not kl_on:
+        yield Problem("loss_fn.use_unbiased_kl", "weights the reference KL, which is off: needs "
+                      "loss_fn.reference_policy_kl_penalty > 0")
+    elif loss.use_unbiased_kl and loss.kl_in_reward:
+        # the reward's KL is taken before training, where the ratio it would be weighted by is 1
+        yield Problem("loss_fn.use_unbiased_kl", "weights the KL term of the loss by the importance ratio; with "
+                      "loss_fn.kl_in_reward the KL goes into the reward before training (ratio 1), so it would "
+                      "have no effect: set one of them to false")
     if loss.ratio_clip_c is not None and loss.name != "clipped_pg":
         yield Problem("loss_fn.ratio_clip_c", f"dual clip applies to loss clipped_pg only, not {loss.name!r}")
 

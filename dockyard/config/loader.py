@@ -64,6 +64,7 @@ def load_config(config: str | Path, overrides: Sequence[str] = (),
         raise ConfigError(problems + unresolved, source)
     stray = _stray_top_level_keys(tree)
     container = OmegaConf.to_container(tree, resolve=True)
+    _anchor_to_config_folder(container, source, {o.key_or_group for o in value_overrides})
     problems += _import_user_modules(container, source)
     master, schema_problems = _validate(container)
     problems += schema_problems
@@ -72,6 +73,24 @@ def load_config(config: str | Path, overrides: Sequence[str] = (),
     if problems:
         raise ConfigError(problems, source)
     return LoadedConfig(master, source, container, stray + constraints.advise(master))
+
+
+CONFIG_RELATIVE_PATHS = ("policy.generation.chat_template.path",)
+
+
+def _anchor_to_config_folder(container: dict, source: Path, overridden: set[str]) -> None:
+    """Relative file paths the schema documents as the config's own resolve against the config file's
+    folder, so a config works from any working folder (and in the job, which reads the resolved file); one
+    given as a command-line override resolves against the working folder, like a shell path."""
+    for dotted in CONFIG_RELATIVE_PATHS:
+        *parents, leaf = dotted.split(".")
+        node = container
+        for key in parents:
+            node = node.get(key) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or not isinstance(node.get(leaf), str) or Path(node[leaf]).is_absolute():
+            continue
+        base = Path.cwd() if dotted in overridden else Path(source).resolve().parent
+        node[leaf] = str(base / node[leaf])
 
 
 def _stray_top_level_keys(tree: DictConfig) -> list[Problem]:

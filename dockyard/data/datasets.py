@@ -9,7 +9,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -160,8 +160,13 @@ def load_prompts(config: DatasetConfig) -> list[Prompt]:
 class PromptLoader:
     """Epochs over one dataset in a seeded order; its position is part of a checkpoint."""
 
-    def __init__(self, prompts: list[Prompt], shuffle: bool, seed: int):
-        self.prompts, self.shuffle, self.seed = prompts, shuffle, seed
+    def __init__(self, prompts: list[Prompt], shuffle: bool, seed: int,
+                 accept: Callable[[Prompt], bool] | None = None, name: str = ""):
+        """`accept`: rows it refuses (a prompt too long to generate from) are skipped when drawn, and
+        remembered, so each row is judged once and the order of the others is unchanged."""
+        self.prompts, self.shuffle, self.seed, self.accept, self.name = prompts, shuffle, seed, accept, name
+        self.judged: dict[int, bool] = {}
+        self.refused = 0
         self.epoch, self.offset = 0, 0
         self._order = self._order_for(0)
 
@@ -181,8 +186,17 @@ class PromptLoader:
             if self.offset >= len(self._order):
                 self.epoch, self.offset = self.epoch + 1, 0
                 self._order = self._order_for(self.epoch)
-            out.append(self._order[self.offset])
+            row = self._order[self.offset]
             self.offset += 1
+            if self.accept is not None and row not in self.judged:
+                self.judged[row] = fits = self.accept(self.prompts[row])
+                self.refused += not fits
+                if self.refused == len(self.prompts):
+                    raise DatasetError(f"dataset {self.name!r}: no row is short enough to generate from "
+                                       "(data.max_input_seq_length, policy.max_total_sequence_length)")
+            if not self.judged.get(row, True):
+                continue
+            out.append(row)
         return out
 
     @property

@@ -99,6 +99,7 @@ class StepAbandoned(Exception):
 class GRPOTrainer:
     # a loop whose advantages need the trainer's logprobs of the sampled tokens before training (OPD)
     needs_old_logprobs = False
+    long_prompts_skipped = 0
 
     def __init__(self, cfg: MasterConfig, world: WorldInfo, device: torch.device, replicas: list[dict],
                  weight_sync_port: int):
@@ -132,15 +133,20 @@ class GRPOTrainer:
         if world.is_main:
             self.env = registry.build("environment", cfg.env.name, config=cfg.env)
             self.tokenizer = load_tokenizer(cfg.policy.tokenizer_name or cfg.policy.model_name)
+            chat = cfg.policy.generation.chat_template
+            self.chat_template = Path(chat.path).read_text() if chat.path else None
+            self.prompt_limit = self._prompt_limit()
+            accept = self._prompt_fits if self.prompt_limit is not None else None
             self.validation = load_prompts(cfg.data.validation) if cfg.data.validation else []
+            if accept is not None:
+                self.validation = self._fitting(self.validation, "data.validation")
             if grpo.max_val_samples:
                 self.validation = self.validation[:grpo.max_val_samples]
             # Training rows identical to a validation prompt are dropped, so validation stays held out.
             held_out = {str(p.input) for p in self.validation}
-            self.loaders = [PromptLoader(_without(load_prompts(d), held_out, d.name), d.shuffle, cfg.policy.seed)
+            self.loaders = [PromptLoader(_without(load_prompts(d), held_out, d.name), d.shuffle, cfg.policy.seed,
+                                         accept=accept, name=d.name)
                             for d in cfg.data.datasets]
-            chat = cfg.policy.generation.chat_template
-            self.chat_template = Path(chat.path).read_text() if chat.path else None
             temperature = cfg.policy.generation.temperature
             decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)   # noqa: E731
             sampling = lambda lengths, n, seed, t=None: self._sampling(   # noqa: E731
@@ -183,6 +189,35 @@ class GRPOTrainer:
         with self.tokenizing:   # a fast tokenizer used from two threads at once can fail ("Already borrowed")
             return prompt_token_ids(self.tokenizer, messages, self.chat_template,
                                     self.cfg.policy.generation.chat_template.generation_prompt_kwargs)
+
+    def _prompt_limit(self) -> int | None:
+        """Prompts longer than this many tokens are skipped: data.max_input_seq_length, else the longest
+        that leaves one token to generate within policy.max_total_sequence_length. SFT (None) cuts its
+        conversations instead."""
+        if self.cfg.sft is not None:
+            return None
+        room = self.cfg.policy.max_total_sequence_length - 1
+        limit = self.cfg.data.max_input_seq_length
+        return room if limit is None else min(limit, room)
+
+    def _prompt_fits(self, prompt: Prompt) -> bool:
+        length = len(self._prompt_ids(prompt))
+        if length <= self.prompt_limit:
+            return True
+        self.long_prompts_skipped += 1
+        if self.long_prompts_skipped <= 3:
+            print(f"dockyard: skipping a prompt of {length} tokens from dataset {prompt.source!r} (longer than "
+                  f"{self.prompt_limit}: data.max_input_seq_length / policy.max_total_sequence_length)",
+                  file=sys.stderr, flush=True)
+        return False
+
+    def _fitting(self, prompts: list[Prompt], where: str) -> list[Prompt]:
+        kept = [p for p in prompts if self._prompt_fits(p)]
+        if prompts and not kept:
+            raise DatasetError(f"{where}: no prompt is short enough to generate from "
+                               f"({self.prompt_limit} tokens: data.max_input_seq_length, "
+                               "policy.max_total_sequence_length)")
+        return kept
 
     def _sampling(self, prompt_lengths: list[int], n: int, temperature: float, seed: int) -> SamplingParams:
         gen = self.cfg.policy.generation

@@ -10,9 +10,12 @@ after the last one it is FAILED with reward 0, and the status filter drops its g
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import sys
+import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, ContextManager
 
 import torch
@@ -76,6 +79,9 @@ class RolloutCollector:
         self.transforms = [(name, registry.build("reward_transform", name, config=grpo))
                            for name in enabled_transforms(grpo)]
         self.filters = [(name, registry.build("group_filter", name, config=grpo)) for name in enabled_filters(grpo)]
+        self.dump = Path(cfg.env.dump_trajectory_path) if cfg.env.dump_trajectory_path else None
+        self._dump_lock = threading.Lock()   # async: groups finish on the driver's worker threads
+        self.step = 0
 
     # --- drawing prompts ----------------------------------------------------------------------
 
@@ -137,7 +143,22 @@ class RolloutCollector:
             print(f"dockyard: {len(failed)} trajectory(ies) FAILED after {retry_limit} attempt(s) "
                   f"(grpo.retry_limit); first error: {failed[0].error}", file=sys.stderr, flush=True)
         self._transform(groups)
+        self._dump([(g.prompt, t) for g in groups for t in g.trajectories], seed, "train")
         return groups
+
+    def _dump(self, rows: list[tuple[Prompt, "Trajectory"]], seed: int, name: str) -> None:
+        """env.dump_trajectory_path: one jsonl line per trajectory, a file per step (<name>_step_<N>.jsonl)."""
+        if self.dump is None:
+            return
+        self.dump.mkdir(parents=True, exist_ok=True)
+        with self._dump_lock, open(self.dump / f"{name}_step_{self.step}.jsonl", "a", encoding="utf-8") as out:
+            for prompt, t in rows:
+                out.write(json.dumps({
+                    "prompt": prompt.input, "label": prompt.label, "dataset": prompt.source, "seed": seed,
+                    "response": self.decode(t.sample.token_ids[t.sample.prompt_length:]),
+                    "prompt_tokens": t.sample.prompt_length, "response_tokens": t.sample.response_length,
+                    "finish_reason": t.finish_reason, "raw_reward": t.raw_reward, "reward": t.reward,
+                    "status": t.status, "attempts": t.attempts, "error": t.error}, default=str) + "\n")
 
     def _transform(self, groups: list[Group]) -> None:
         trajectories = [t for g in groups for t in g.trajectories]
@@ -170,9 +191,15 @@ class RolloutCollector:
         ids = [self.prompt_ids(p) for p in prompts]
         completions = self.generate(ids, self.sampling([len(i) for i in ids], 1, 0, temperature))
         results: list[tuple[str, float]] = [("", 0.0)] * len(prompts)
+        dumped = []
         for completion in completions:
             text = self.decode(completion.token_ids)
-            results[completion.prompt_index] = (text, float(self.env.score(text, prompts[completion.prompt_index])))
+            index = completion.prompt_index
+            results[index] = (text, float(self.env.score(text, prompts[index])))
+            sample = Sample(token_ids=ids[index] + completion.token_ids, prompt_length=len(ids[index]))
+            dumped.append((prompts[index], Trajectory(sample, results[index][1], results[index][1],
+                                                      finish_reason=completion.finish_reason)))
+        self._dump(dumped, 0, "validation")
         return results
 
     # --- the step -----------------------------------------------------------------------------

@@ -111,6 +111,9 @@ def _sft(cfg: MasterConfig) -> list[Problem]:
     if cfg.on_policy_distillation is not None:
         problems.append(Problem("sft", "a config is either SFT (sft) or on-policy distillation "
                                 "(on_policy_distillation), not both"))
+    if cfg.data.max_input_seq_length is not None:
+        problems.append(Problem("data.max_input_seq_length", "an sft run trains whole conversations, cut at "
+                                "policy.max_total_sequence_length; the prompt limit applies to GRPO; remove it"))
     if cfg.sft.packing and not cfg.policy.dynamic_batching.enabled:
         problems.append(Problem("sft.packing", "packing fills rows up to policy.dynamic_batching.max_tokens_per_gpu; "
                                 "set policy.dynamic_batching.enabled=true or sft.packing=false"))

@@ -132,6 +132,12 @@ CASES = [
     ("reference_model", "grpo_tiny", ["loss_fn.reference_model.update_interval=5"],
      "loss_fn.reference_model.update_interval: a moving reference needs loss_fn.reference_policy_kl_penalty > 0"),
     ("reference_model", "grpo_tiny", ["loss_fn.kl_in_reward=true"], "loss_fn.kl_in_reward: needs"),
+    ("reference_model", "grpo_tiny", ["loss_fn.use_unbiased_kl=true"], "loss_fn.use_unbiased_kl: weights the "
+     "reference KL, which is off"),
+    ("reference_model", "grpo_tiny", ["loss_fn.use_unbiased_kl=true", "loss_fn.kl_in_reward=true",
+                                      "loss_fn.reference_policy_kl_penalty=0.1",
+                                      "loss_fn.reference_model.hf_path=${policy.model_name}"],
+     "with loss_fn.kl_in_reward the KL goes into the reward"),
     ("reference_model", "grpo_tiny", ["loss_fn.name=gspo", "loss_fn.ratio_clip_c=3"],
      "loss_fn.ratio_clip_c: dual clip applies to loss clipped_pg only, not 'gspo'"),
     ("precision", "grpo_swe", ["policy.backend=megatron", "policy.megatron_cfg={bf16: true, fp16: true}"],

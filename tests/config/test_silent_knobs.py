@@ -55,3 +55,20 @@ def test_a_misspelt_top_level_section_is_a_warning_naming_it():
                                                 "logger.log_dir=${paths.root}/logs"])
     assert not [p for p in referenced.advice if p.path == "paths"]
     assert referenced.config.logger.log_dir == "/tmp/x/logs"
+
+
+def test_chat_template_path_resolves_against_the_config_folder_and_an_override_against_the_working_folder(
+        tmp_path, monkeypatch):
+    project = tmp_path / "project"
+    (project / "templates").mkdir(parents=True)
+    (project / "templates" / "chat.jinja").write_text("{{ messages[0]['content'] }}")
+    (project / "my_run.yaml").write_text("defaults:\n  - grpo_tiny\n  - _self_\n"
+                                         "policy:\n  generation:\n    chat_template:\n      path: templates/chat.jinja\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    cfg = load_config(str(project / "my_run.yaml"), ["models_dir=models"]).config
+    assert cfg.policy.generation.chat_template.path == str(project.resolve() / "templates" / "chat.jinja")
+    cfg = load_config(str(project / "my_run.yaml"), ["models_dir=models",
+                                                     "policy.generation.chat_template.path=mine.jinja"]).config
+    assert cfg.policy.generation.chat_template.path == str(elsewhere / "mine.jinja")

@@ -93,6 +93,27 @@ def test_loader_is_seeded_resumable_and_reshuffles_each_epoch():
     assert PromptLoader(prompts, shuffle=False, seed=7).take(3) == [0, 1, 2]
 
 
+def test_a_refused_row_is_skipped_judged_once_and_leaves_the_others_in_order():
+    prompts = list(range(10))
+    judged = []
+
+    def short_enough(prompt):
+        judged.append(prompt)
+        return prompt % 3 != 0
+
+    plain = PromptLoader(prompts, shuffle=True, seed=7).take(20)
+    loader = PromptLoader(prompts, shuffle=True, seed=7, accept=short_enough)
+    drawn = loader.take(12)
+    assert drawn == [p for p in plain if p % 3 != 0][:12]
+    assert sorted(judged) == prompts and {row for row, fits in loader.judged.items() if not fits} == {0, 3, 6, 9}
+    assert loader.epoch == 1 and loader.completed_epochs == 1
+
+
+def test_a_dataset_with_no_row_short_enough_is_named():
+    with pytest.raises(DatasetError, match="dataset 'long': no row is short enough.*max_input_seq_length"):
+        PromptLoader([1, 2], shuffle=False, seed=0, accept=lambda p: False, name="long").take(1)
+
+
 def test_messages_get_system_prompt_and_instruction():
     from dockyard.data.datasets import Prompt
 

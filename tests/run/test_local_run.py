@@ -108,6 +108,19 @@ def test_max_num_epochs_ends_the_run_after_the_last_pass_and_preflight_says_when
     assert (logs / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
 
 
+def test_long_prompts_are_skipped_and_every_trajectory_is_dumped(tiny_model, tmp_path):
+    # grpo_tiny's prompts render to 22-36 tokens with the tiny tokenizer; 116 of its 256 are over 23
+    result = run(tmp_path, tiny_model, "grpo.max_num_steps=2", "data.max_input_seq_length=23",
+                 "env.dump_trajectory_path=dump")
+    assert result.returncode == 0, result.stdout
+    assert "skipping a prompt of" in result.stdout and "(longer than 23: data.max_input_seq_length" in result.stdout
+    for step in (1, 2):
+        rows = [json.loads(line) for line in (tmp_path / "dump" / f"train_step_{step}.jsonl").read_text().splitlines()]
+        assert len(rows) == 16   # 4 prompts x 4 samples
+        assert all(row["prompt_tokens"] <= 23 and row["response_tokens"] > 0 for row in rows)
+        assert {"prompt", "label", "response", "raw_reward", "reward", "status", "seed"} <= set(rows[0])
+
+
 def _wait_for_steps(logs: Path, count: int, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -52,5 +52,7 @@ class DataConfig(Section):
                                           min_length=1)
     validation: Optional[DatasetConfig] = field(None, "Validation dataset; null disables validation.")
     max_input_seq_length: Optional[PositiveInt] = field(
-        None, "Drop prompts longer than this many tokens; null uses policy.max_total_sequence_length.")
+        None, "Skip training and validation prompts longer than this many tokens (as the chat template renders "
+        "them, without an agent's tool preamble); null skips those that leave no room to generate within "
+        "policy.max_total_sequence_length. The first few skipped are printed.", "Not for sft.")
     add_system_prompt: Optional[str] = field(None, "System message prepended to every prompt.")

@@ -113,7 +113,8 @@ class EmbeddedConfig(Section):
 
 class ChatTemplateConfig(Section):
     path: Optional[str] = field(None, "Jinja2 chat template file; null uses the tokenizer's own. "
-                                "Relative paths resolve against the config file's folder.")
+                                "Relative paths resolve against the config file's folder (one given as a command-line "
+                                "override, against the working folder).")
     generation_prompt_kwargs: dict[str, object] = field(
         {}, "Keyword arguments for apply_chat_template (e.g. enable_thinking: true).")
 
