@@ -14,6 +14,7 @@ import json
 import math
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, ContextManager
@@ -79,6 +80,8 @@ class RolloutCollector:
         self.transforms = [(name, registry.build("reward_transform", name, config=grpo))
                            for name in enabled_transforms(grpo)]
         self.filters = [(name, registry.build("group_filter", name, config=grpo)) for name in enabled_filters(grpo)]
+        self.scoring_slots = threading.BoundedSemaphore(cfg.env.num_workers)
+        self.score_timeout_s = cfg.env.task_timeout_s
         self.dump = Path(cfg.env.dump_trajectory_path) if cfg.env.dump_trajectory_path else None
         self._dump_lock = threading.Lock()   # async: groups finish on the driver's worker threads
         self.step = 0
@@ -107,6 +110,43 @@ class RolloutCollector:
             trajectory.status, trajectory.error = FAILED, f"{type(err).__name__}: {err}"
         return trajectory
 
+    def _score_all(self, jobs: list[tuple[Completion, Prompt, list[int], int]]) -> list[Trajectory]:
+        """_score of every job, started in order, env.num_workers at once. Each has env.task_timeout_s from
+        its start; a scorer past it fails its trajectory. Daemon threads: a hung scorer keeps its worker
+        slot but never keeps the process from exiting."""
+        started: dict[int, float] = {}
+        results: list[Trajectory | None] = [None] * len(jobs)
+        done = [threading.Event() for _ in jobs]
+
+        def run(index: int, job) -> None:
+            try:
+                results[index] = self._score(*job)
+            finally:
+                done[index].set()
+                self.scoring_slots.release()
+
+        stuck = False
+        for index, job in enumerate(jobs):
+            if stuck or not self.scoring_slots.acquire(timeout=self.score_timeout_s):
+                stuck = True   # every worker is held by a scorer past its time
+                results[index] = self._timed_out(job, "waited for a free scoring worker")
+                continue
+            started[index] = time.monotonic()
+            threading.Thread(target=run, args=(index, job), name=f"scorer-{index}", daemon=True).start()
+        for index, job in enumerate(jobs):
+            if index in started and not done[index].wait(
+                    max(0.0, started[index] + self.score_timeout_s - time.monotonic())):
+                results[index] = self._timed_out(job, "was scoring")
+        return results
+
+    def _timed_out(self, job: tuple[Completion, Prompt, list[int], int], what: str) -> Trajectory:
+        completion, _, ids, max_tokens = job
+        sample = Sample(token_ids=ids + completion.token_ids, prompt_length=len(ids),
+                        rollout_logprobs=list(completion.logprobs))
+        return Trajectory(sample, 0.0, status=FAILED, finish_reason=completion.finish_reason, max_tokens=max_tokens,
+                          versions=completion.versions, error=f"the environment {what} for longer than "
+                          f"env.task_timeout_s ({self.score_timeout_s:g} s)")
+
     def sample_groups(self, prompts: list[Prompt], seed: int) -> list[Group]:
         """One group per prompt: sampled, scored (FAILED ones sampled again) and reward-transformed."""
         with self.timer("generate"):
@@ -115,10 +155,9 @@ class RolloutCollector:
             completions = self.generate(ids, params)
         groups = [Group(p) for p in prompts]
         with self.timer("reward"):
-            for completion in completions:
-                index = completion.prompt_index
-                groups[index].trajectories.append(self._score(completion, prompts[index], ids[index],
-                                                              params.max_tokens))
+            jobs = [(c, prompts[c.prompt_index], ids[c.prompt_index], params.max_tokens) for c in completions]
+            for completion, trajectory in zip(completions, self._score_all(jobs)):
+                groups[completion.prompt_index].trajectories.append(trajectory)
         retry_limit = self.cfg.grpo.retry_limit
         for attempt in range(2, retry_limit + 1):
             failed = [(g, k) for g, group in enumerate(groups) for k, t in enumerate(group.trajectories)
@@ -130,9 +169,10 @@ class RolloutCollector:
             with self.timer("generate"):
                 completions = self.generate(retry_ids, retry_params)
             with self.timer("reward"):
-                for completion in completions:
+                jobs = [(c, prompts[failed[c.prompt_index][0]], ids[failed[c.prompt_index][0]],
+                         retry_params.max_tokens) for c in completions]
+                for completion, again in zip(completions, self._score_all(jobs)):
                     g, k = failed[completion.prompt_index]
-                    again = self._score(completion, prompts[g], ids[g], retry_params.max_tokens)
                     again.attempts = attempt
                     groups[g].trajectories[k] = again
         failed = [t for group in groups for t in group.trajectories if t.status == FAILED]

@@ -2,6 +2,8 @@
 tokenizer and the real math environment: retries, the status filter, dynamic sampling with refill
 and oversampling."""
 
+import threading
+import time
 
 from dockyard.config import load_config
 from dockyard.data.datasets import PromptLoader, build_messages, load_prompts, prompt_token_ids
@@ -29,12 +31,38 @@ class FlakyMath(MathEnvironment):
         return super().score(completion, prompt)
 
 
+class SlowMath(MathEnvironment):
+    """The math environment whose scorer takes `seconds` (a chosen prompt: `hang` seconds), counting how
+    many scorings run at once."""
+
+    def __init__(self, config, seconds: float, hanging: str | None = None, hang: float = 0.0):
+        super().__init__(config)
+        self.seconds, self.hanging, self.hang = seconds, hanging, hang
+        self.lock, self.running, self.most = threading.Lock(), 0, 0
+
+    def score(self, completion, prompt):
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        try:
+            time.sleep(self.hang if str(prompt.input) == self.hanging else self.seconds)
+        finally:
+            with self.lock:
+                self.running -= 1
+        return super().score(completion, prompt)
+
+
 def collector(engine_server, tiny_model, *overrides, env=None, failing=(), failures=None):
     url, _ = engine_server
+    # a flaky scorer's failures go to the trajectories in scoring order: one worker keeps that order fixed
+    overrides = (*overrides, "env.num_workers=1") if failing else overrides
     cfg = load_config("grpo_tiny.yaml", [f"models_dir={tiny_model.parent}", *overrides]).config
     tokenizer = load_tokenizer(tiny_model)
     loaders = [PromptLoader(load_prompts(d), d.shuffle, cfg.policy.seed) for d in cfg.data.datasets]
-    env = FlakyMath(cfg.env, set(failing), failures) if failing else MathEnvironment(cfg.env)
+    if env is not None:
+        env = env(cfg.env)
+    else:
+        env = FlakyMath(cfg.env, set(failing), failures) if failing else MathEnvironment(cfg.env)
     client = EngineClient(url)
     calls = []
 
@@ -130,3 +158,25 @@ def test_the_same_seed_and_loader_state_sample_the_same_groups(engine_server, ti
     gb, _ = b.collect(seed=5)
     assert [t.sample.token_ids for g in ga for t in g.trajectories] == \
         [t.sample.token_ids for g in gb for t in g.trajectories]
+
+
+def test_env_num_workers_scorings_run_at_once(engine_server, tiny_model):
+    made, _, _ = collector(engine_server, tiny_model, "env.num_workers=3", "grpo.filters.status=false",
+                           env=lambda config: SlowMath(config, seconds=0.2))
+    groups, _ = made.collect(seed=1)
+    assert made.env.most == 3 and all(t.status == "ok" for g in groups for t in g.trajectories)
+
+
+def test_a_scorer_past_env_task_timeout_s_fails_its_trajectories_and_the_step_goes_on(engine_server, tiny_model):
+    first = first_prompts(tiny_model, 1)[0]
+    # 8 workers: the 4 hung scorings keep theirs, the other prompts' are scored beside them
+    made, _, _ = collector(engine_server, tiny_model, "env.task_timeout_s=0.5", "env.num_workers=8",
+                           "grpo.retry_limit=1", "grpo.filters.status=false",
+                           env=lambda config: SlowMath(config, 0.0, first, hang=30))
+    started = time.monotonic()
+    groups, metrics = made.collect(seed=1)
+    assert time.monotonic() - started < 10
+    hung = [t for g in groups if str(g.prompt.input) == first for t in g.trajectories]
+    assert len(hung) == 4 and all(t.status == "failed" and t.reward == 0.0 for t in hung)
+    assert "was scoring for longer than env.task_timeout_s (0.5 s)" in hung[0].error
+    assert all(t.status == "ok" for g in groups if str(g.prompt.input) != first for t in g.trajectories)

@@ -33,6 +33,10 @@ class EnvConfig(OpenSection):
     agent: Optional[component("agent")] = field(None, "Multi-turn agent; null means single-turn.")
     reward: Optional[RewardSpec] = field(None, "Reward override; null uses the environment's own scorer.")
     sandbox: Optional[SandboxConfig] = field(None, "Tool-execution sandbox; null for tool-free environments.")
-    num_workers: PositiveInt = field(4, "Parallel scoring workers.")
-    task_timeout_s: float = field(1800.0, "Longest one trajectory may take in the environment.", gt=0)
-    dump_trajectory_path: Optional[str] = field(None, "Write every trajectory here for replay and analysis.")
+    num_workers: PositiveInt = field(4, "Trajectories scored at once (single-turn), episodes run at once per "
+                                     "group (agents), tasks checked at once (dockyard env check).")
+    task_timeout_s: float = field(1800.0, "Longest one trajectory may take in the environment: an agent "
+                                  "episode's time, a single-turn scoring's time. Past it the trajectory fails "
+                                  "(a scorer thread cannot be killed: it keeps its worker until it returns).", gt=0)
+    dump_trajectory_path: Optional[str] = field(None, "Write every trajectory here for replay and analysis: "
+                                                "<path>/train_step_<N>.jsonl and validation_step_<N>.jsonl.")
