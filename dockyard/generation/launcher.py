@@ -27,7 +27,8 @@ class EmbeddedServer:
         dtype = self.config.policy.precision  # bf16 runs on CPUs too (fast where AMX / AVX512-BF16 exist)
         return [sys.executable, "-m", "dockyard.generation.server", "--model", self.model_path,
                 "--host", host, "--port", str(port), "--device", device, "--dtype", dtype,
-                "--max-batch-size", str(gen.embedded_cfg.max_batch_size), "--threads", str(threads)] + (
+                "--max-batch-size", str(gen.embedded_cfg.max_batch_size), "--threads", str(threads),
+                "--log-level", self.config.logger.log_level] + (
                     ["--address-file", address_file] if address_file else [])
 
     def environment(self, cpus: str | None = None) -> dict[str, str]:

@@ -311,8 +311,10 @@ def main(argv=None) -> None:
     parser.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
     parser.add_argument("--max-batch-size", type=int, default=64)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+                        help="logger.log_level")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s engine %(levelname)s %(message)s")
+    logging.basicConfig(level=args.log_level, format="%(asctime)s engine %(levelname)s %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
     from dockyard.models import DTYPES, ModelLoadError, ModelNotFoundError

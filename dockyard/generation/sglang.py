@@ -45,7 +45,7 @@ class SglangServer:
         args = ["--model-path", self.model_path, "--host", host, "--port", str(port),
                 "--tp-size", str(self.tensor_parallel_size or sg.tensor_parallel_size), "--mem-fraction-static", str(sg.mem_fraction_static),
                 "--load-format", sg.load_format, "--dtype", DTYPES[self.config.policy.precision],
-                "--random-seed", str(self.config.policy.seed),
+                "--random-seed", str(self.config.policy.seed), "--log-level", self.config.logger.log_level.lower(),
                 "--context-length", str(self.config.policy.max_total_sequence_length)]
         if sg.disable_cuda_graph:
             args.append("--disable-cuda-graph")

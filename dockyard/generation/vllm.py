@@ -93,7 +93,7 @@ class VllmServer:
     def environment(self, cpus: str | None = None) -> dict[str, str]:
         """The replica's environment: dev routes on, offline, vllm_cfg.env_vars; `cpus` ("2-3") binds
         a CPU replica's worker to those cores (replicas sharing a machine must not share a core)."""
-        env = dict(BASE_ENV)
+        env = dict(BASE_ENV, VLLM_LOGGING_LEVEL=self.config.logger.log_level)
         if cpus is not None and self.config.cluster.gpus_per_node == 0:
             env["VLLM_CPU_OMP_THREADS_BIND"] = cpus
         env.update(self.config.policy.generation.vllm_cfg.env_vars)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import logging
 import os
 import sys
 import threading
@@ -602,6 +603,7 @@ def main(stopper: "stopping.StopRequests | None" = None) -> int:
     except ConfigError as err:
         print(f"dockyard: {err}", file=sys.stderr, flush=True)
         return 2
+    logging.basicConfig(level=cfg.logger.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     threads = int(os.environ.get("DOCKYARD_THREADS", "0"))
     if threads:
         torch.set_num_threads(threads)

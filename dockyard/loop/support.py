@@ -71,6 +71,9 @@ def _unbuilt_settings(cfg: MasterConfig) -> list[Problem]:
         if getattr(router, name) != spec.default:
             problems.append(Problem(f"policy.generation.router.{name}", "there is no router process: the agent "
                                     "loop sends each turn to the generation servers itself; remove it"))
+    if cfg.policy.dtensor_cfg.cpu_offload and cfg.cluster.gpus_per_node == 0:
+        problems.append(Problem("policy.dtensor_cfg.cpu_offload", "the trainer runs on CPU (cluster.gpus_per_node "
+                                "is 0): its parameters and optimizer state are in host memory already; remove it"))
     logger = cfg.logger
     if logger.gpu_monitoring_interval_s != type(logger).model_fields["gpu_monitoring_interval_s"].default:
         problems.append(Problem("logger.gpu_monitoring_interval_s", "GPU figures are sampled once per step, when "

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from dockyard.algorithms.losses import LossInputs, aggregate
 from dockyard.config.schema import MasterConfig
@@ -145,9 +145,11 @@ class DTensorPolicy:
         compute = DTYPES[policy.precision]
         mixed = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32) \
             if compute != torch.float32 else MixedPrecisionPolicy()
+        # GPU runs only: a CPU run's state is in host memory already (support.py refuses the setting there)
+        offload = CPUOffloadPolicy() if policy.dtensor_cfg.cpu_offload and device.type == "cuda" else OffloadPolicy()
         for layer in _decoder_layers(self.model):
-            fully_shard(layer, mesh=mesh, mp_policy=mixed)
-        fully_shard(self.model, mesh=mesh, mp_policy=mixed)
+            fully_shard(layer, mesh=mesh, mp_policy=mixed, offload_policy=offload)
+        fully_shard(self.model, mesh=mesh, mp_policy=mixed, offload_policy=offload)
         self.optimizer = self.scheduler = None
         if trainable:
             self.optimizer = build_optimizer(policy.optimizer, self.model.parameters())

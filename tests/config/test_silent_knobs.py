@@ -12,6 +12,7 @@ REFUSED = {
     "policy.generation.router.port=8123": "policy.generation.router.port: there is no router process",
     "policy.generation.router.max_connections=4": "policy.generation.router.max_connections: there is no router",
     "logger.gpu_monitoring_interval_s=2": "logger.gpu_monitoring_interval_s: GPU figures are sampled once per step",
+    "policy.dtensor_cfg.cpu_offload=true": "policy.dtensor_cfg.cpu_offload: the trainer runs on CPU",
     "+grpo.adv_estimator.gamma=0.9": "grpo.adv_estimator.gamma: not a setting of the 'grpo' estimator (it takes "
                                      "norm_mode, epsilon)",
 }
@@ -72,3 +73,32 @@ def test_chat_template_path_resolves_against_the_config_folder_and_an_override_a
     cfg = load_config(str(project / "my_run.yaml"), ["models_dir=models",
                                                      "policy.generation.chat_template.path=mine.jinja"]).config
     assert cfg.policy.generation.chat_template.path == str(elsewhere / "mine.jinja")
+
+
+def test_log_level_reaches_the_embedded_engine_and_the_server_backends(tiny_model, tmp_path):
+    import json
+    import subprocess
+
+    from dockyard.generation.client import EngineClient
+    from dockyard.generation.launcher import EmbeddedServer
+    from dockyard.generation.sglang import SglangServer
+    from dockyard.generation.vllm import VllmServer
+    from dockyard.waiting import wait_until
+
+    cfg = load_config("grpo_tiny.yaml", [f"models_dir={tiny_model.parent}", "logger.log_level=WARNING"]).config
+    assert VllmServer(cfg).environment()["VLLM_LOGGING_LEVEL"] == "WARNING"
+    sglang = SglangServer(cfg).command(port=1234)
+    assert sglang[sglang.index("--log-level") + 1] == "warning"
+    address, log = tmp_path / "address.json", tmp_path / "engine.log"
+    with open(log, "w") as handle:
+        server = subprocess.Popen(EmbeddedServer(cfg).command(port=0, address_file=str(address)), stdout=handle,
+                                  stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: address.is_file() or server.poll() is not None, 120, "the engine's address file")
+        client = EngineClient(f"http://127.0.0.1:{json.loads(address.read_text())['port']}", log_path=log)
+        client.wait_healthy(120, server)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    text = log.read_text()
+    assert "--log-level" in EmbeddedServer(cfg).command(port=0) and " INFO " not in text, text

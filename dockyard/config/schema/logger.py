@@ -36,4 +36,6 @@ class LoggerConfig(Section):
     gpu_monitoring_interval_s: float = field(10.0, "GPU sampling interval.", "Not built: GPUs are sampled once "
                                              "per step; a value other than 10 is refused.", gt=0)
     num_samples_to_print: NonNegativeInt = field(0, "Trajectories printed to the console per step.")
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = field("INFO", "Console log level.")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = field(
+        "INFO", "Python logging level of the trainer ranks and the embedded engine, and the generation servers' "
+        "own (VLLM_LOGGING_LEVEL, SGLang --log-level). dockyard's step lines and warnings always print.")

@@ -27,7 +27,8 @@ class DTensorConfig(Section):
     tensor_parallel_size: PositiveInt = field(1, "Tensor-parallel degree (TP).",
                                               "Trainer ranks must be divisible by TP x CP.")
     context_parallel_size: PositiveInt = field(1, "Context-parallel degree (CP, sequence sharding).")
-    cpu_offload: bool = field(False, "Offload sharded parameters and optimizer state to CPU memory.")
+    cpu_offload: bool = field(False, "Offload sharded parameters, gradients and optimizer state to CPU memory "
+                              "(FSDP2 CPUOffloadPolicy; the optimizer steps on the CPU).", "GPU runs only.")
     activation_checkpointing: bool = field(False, "Recompute activations in backward to save memory.")
 
 
