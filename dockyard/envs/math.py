@@ -15,8 +15,13 @@ DEFAULT_INSTRUCTION = "Give only the final answer."
 class MathEnvironment:
     """Arithmetic and GSM-style questions with exact-answer rewards."""
 
+    EXTRA_KEYS = frozenset({"instruction"})   # env.<key> settings beyond the schema's
+
     def __init__(self, config: EnvConfig):
         extra = config.model_extra or {}
+        unknown = sorted(set(extra) - self.EXTRA_KEYS)
+        if unknown:
+            raise ValueError(f"env.{unknown[0]}: not a math setting (known: {', '.join(sorted(self.EXTRA_KEYS))})")
         self.instruction: str | None = extra.get("instruction", DEFAULT_INSTRUCTION)
         self.extract = MathAnswer().extract
         self.override = (registry.build("reward", config.reward.name, **(config.reward.model_extra or {}))

@@ -35,6 +35,7 @@ class TerminalBenchEnvironment:
 
     multi_turn = True
     tools = TERMINAL_TOOLS
+    EXTRA_KEYS = KNOWN_EXTRA
 
     def __init__(self, config: EnvConfig):
         extra = dict(config.model_extra or {})

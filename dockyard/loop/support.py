@@ -78,7 +78,29 @@ def _unbuilt_settings(cfg: MasterConfig) -> list[Problem]:
     if logger.gpu_monitoring_interval_s != type(logger).model_fields["gpu_monitoring_interval_s"].default:
         problems.append(Problem("logger.gpu_monitoring_interval_s", "GPU figures are sampled once per step, when "
                                 "the step's metrics are logged, not on a timer; remove it"))
-    problems += _estimator_settings(cfg)
+    problems += _estimator_settings(cfg) + _environment_settings(cfg)
+    return problems
+
+
+def _environment_settings(cfg: MasterConfig) -> list[Problem]:
+    """env.<key> beyond the schema goes to the environment, env.sandbox.<key> to the sandbox limits: only
+    keys they read (an unread one would be ignored)."""
+    from dockyard.sandboxes.base import SandboxError
+    from dockyard.sandboxes.factory import limits_from
+
+    problems = []
+    entry = registry.get("environment", cfg.env.name)
+    known = getattr(entry.factory, "EXTRA_KEYS", None) if entry.factory is not None else None
+    if known is not None:
+        problems += [Problem(f"env.{key}", f"not a setting of the {cfg.env.name!r} environment (it takes "
+                             f"{', '.join(sorted(known)) or 'none'}); remove it")
+                     for key in sorted(set(cfg.env.model_extra or {}) - known)]
+    if cfg.env.sandbox is not None:
+        try:
+            limits_from(cfg.env.sandbox)
+        except SandboxError as err:
+            path, _, message = str(err).partition(": ")
+            problems.append(Problem(path, message))
     return problems
 
 
