@@ -1,5 +1,5 @@
-"""Step metrics: TensorBoard scalars, a JSON-lines file, and the console (a progress bar with ETA
-and a one-line summary per step)."""
+"""Step metrics: TensorBoard scalars, a JSON-lines file, the experiment trackers (loggers.py), and the
+console (a progress bar with ETA and a one-line summary per step)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 from tqdm import tqdm
+
+from dockyard.config.schema.logger import LoggerConfig
 
 
 class TensorBoardWriter:
@@ -83,12 +85,19 @@ class ConsoleProgress:
 
 
 class MetricsLogger:
-    def __init__(self, log_dir: str | Path, tensorboard: bool, total_steps: int, start_step: int):
-        log_dir = Path(log_dir)
+    """Every step's metrics to metrics.jsonl, TensorBoard and the enabled trackers (loggers.py), and the
+    console. Raises loggers.LoggerStartError naming a tracker that cannot start."""
+
+    def __init__(self, config: LoggerConfig, total_steps: int, start_step: int, run_name: str = "dockyard",
+                 run_config: dict | None = None):
+        from dockyard.io.loggers import start_trackers
+
+        log_dir = Path(config.log_dir)
         log_dir.mkdir(parents=True, exist_ok=True)
         self.sinks = [JsonlWriter(log_dir / "metrics.jsonl", start_step)]
-        if tensorboard:
+        if config.tensorboard_enabled:
             self.sinks.append(TensorBoardWriter(log_dir / "tensorboard", start_step))
+        self.sinks += start_trackers(config, log_dir, run_name, run_config or {})
         self.console = ConsoleProgress(total_steps, start_step)
 
     def log(self, step: int, metrics: dict[str, float], console: bool = True) -> None:

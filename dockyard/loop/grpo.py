@@ -38,6 +38,7 @@ from dockyard.generation.fleet import GeneratorFleet
 from dockyard.generation.generator import GenerationServerError
 from dockyard.generation.weight_transfer import FleetRefit, log_stderr
 from dockyard.algorithms.reward_transforms import sequence_kl
+from dockyard.io.loggers import LoggerStartError
 from dockyard.io.checkpoint import (CheckpointLoadError, CheckpointManager, load_model_weights, rng_state,
                                    set_rng_state)
 from dockyard.loop import stopping
@@ -531,8 +532,8 @@ class GRPOTrainer:
 
         cfg = self.cfg
         start = self.resume()
-        logger = MetricsLogger(cfg.logger.log_dir, cfg.logger.tensorboard_enabled, self.max_steps, start) \
-            if self.world.is_main else None
+        logger = MetricsLogger(cfg.logger, self.max_steps, start, run_name=cfg.name or "dockyard",
+                               run_config=cfg.model_dump(mode="json")) if self.world.is_main else None
         gpus = None
         if logger and cfg.cluster.gpus_per_node > 0 and cfg.logger.monitor_gpus:
             from dockyard.io.gpu_monitor import GpuMonitor
@@ -632,6 +633,9 @@ def main(stopper: "stopping.StopRequests | None" = None) -> int:
     except GenerationServerError as err:
         print(f"dockyard: {err}", file=sys.stderr, flush=True)
         return 3
+    except LoggerStartError as err:
+        print(f"dockyard: logger error: {err}", file=sys.stderr, flush=True)
+        return 2
     except DatasetError as err:
         print(f"dockyard: data error: {err}", file=sys.stderr, flush=True)
         return 2

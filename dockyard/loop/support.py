@@ -22,7 +22,7 @@ def _components(cfg: MasterConfig) -> list[tuple[str, str, str | None]]:
 
 
 def _features(cfg: MasterConfig) -> list[tuple[str, bool]]:
-    grpo, logger = cfg.grpo, cfg.logger
+    grpo = cfg.grpo
     return [
         ("grpo.skip_prev_logprobs", grpo.skip_prev_logprobs),
         ("grpo.run_mode", grpo.run_mode != "default"),
@@ -30,9 +30,6 @@ def _features(cfg: MasterConfig) -> list[tuple[str, bool]]:
         ("policy.dtensor_cfg.tensor_parallel_size", cfg.policy.dtensor_cfg.tensor_parallel_size > 1),
         ("policy.dtensor_cfg.context_parallel_size", cfg.policy.dtensor_cfg.context_parallel_size > 1),
         ("data_plane", cfg.data_plane is not None),
-        ("logger.wandb_enabled", logger.wandb_enabled),
-        ("logger.mlflow_enabled", logger.mlflow_enabled),
-        ("logger.swanlab_enabled", logger.swanlab_enabled),
     ]
 
 
@@ -236,7 +233,15 @@ def backend_installed(cfg: MasterConfig) -> list[Problem]:
                 if backend == "vllm" and cfg.cluster.gpus_per_node == 0 else f"pip install {package}")
         problems.append(Problem("policy.generation.backend", f"{backend} is not installed in this Python "
                                 f"environment ({hint})"))
-    return problems
+    return problems + logger_packages(cfg)
+
+
+def logger_packages(cfg: MasterConfig) -> list[Problem]:
+    """Each enabled tracker's package is importable (the trainer starts from this environment)."""
+    from dockyard.io.loggers import missing_packages
+
+    return [Problem(setting, f"its package is not installed in this Python environment ({command}, or bash "
+                    "tools/install.sh)") for setting, command in missing_packages(cfg.logger)]
 
 
 def teacher_routing(cfg: MasterConfig) -> list[Problem]:

@@ -114,9 +114,6 @@ GATED = {
     "policy.generation.router.": ("policy.generation.router.proxy_timeout_s=5", "policy.generation.router"),
     "grpo.rollout_data_path": ("grpo.run_mode=train_only", "grpo.run_mode"),
     "data_plane.": ("+data_plane.buffer_size=8", "data_plane"),
-    "logger.wandb.": ("logger.wandb_enabled=true", "logger.wandb_enabled"),
-    "logger.mlflow.": ("logger.mlflow_enabled=true logger.mlflow.tracking_uri=file:mlruns", "logger.mlflow_enabled"),
-    "logger.swanlab.": ("logger.swanlab_enabled=true", "logger.swanlab_enabled"),
 }
 
 

@@ -121,6 +121,30 @@ def test_long_prompts_are_skipped_and_every_trajectory_is_dumped(tiny_model, tmp
         assert {"prompt", "label", "response", "raw_reward", "reward", "status", "seed"} <= set(rows[0])
 
 
+def test_a_run_with_all_four_loggers_writes_what_each_ones_reader_reads(tiny_model, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from tests.io.test_loggers import swanlab_scalars, wandb_history
+
+    result = run(tmp_path, tiny_model, "grpo.max_num_steps=2", "logger.wandb_enabled=true",
+                 "logger.wandb.mode=offline", "logger.mlflow_enabled=true",
+                 f"logger.mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db", "logger.swanlab_enabled=true",
+                 "logger.swanlab.mode=offline")
+    assert result.returncode == 0, result.stdout
+    logs = tmp_path / "runs" / "grpo_tiny" / "logs"
+    expected = [json.loads(line)["train/loss"] for line in (logs / "metrics.jsonl").read_text().splitlines()]
+    assert [row["train/loss"] for row in wandb_history(logs)] == pytest.approx(expected)
+    run_id = (logs / "mlflow_run_id").read_text()
+    history = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_metric_history(run_id, "train/loss")
+    assert [(m.step, m.value) for m in history] == [(1, pytest.approx(expected[0])), (2, pytest.approx(expected[1]))]
+    assert swanlab_scalars(logs)["train/loss"] == pytest.approx({1: expected[0], 2: expected[1]})
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(logs / "tensorboard"))
+    events.Reload()
+    assert [e.value for e in events.Scalars("train/loss")] == pytest.approx(expected)
+
+
 def _wait_for_steps(logs: Path, count: int, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

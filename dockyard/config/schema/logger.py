@@ -11,16 +11,22 @@ from dockyard.config.fields import Section, field
 
 class WandbConfig(Section):
     project: str = field("dockyard", "W&B project.")
-    name: Optional[str] = field(None, "Run name; null derives it from the config.")
+    name: Optional[str] = field(None, "Run name; null uses the config's name.")
+    mode: Literal["online", "offline"] = field("online", "online needs WANDB_API_KEY (or a wandb login); "
+                                               "offline writes <log_dir>/wandb/ for a later `wandb sync` (compute "
+                                               "nodes without internet).")
 
 
 class MlflowConfig(Section):
-    tracking_uri: str = field("", "MLflow server URI.", "Required when mlflow_enabled.")
+    tracking_uri: str = field("", "MLflow tracking URI: a server (http://...) or a local database "
+                              "(sqlite:///path/mlflow.db).", "Required when mlflow_enabled.")
     experiment_name: str = field("dockyard", "MLflow experiment.")
 
 
 class SwanlabConfig(Section):
     project: str = field("dockyard", "SwanLab project.")
+    mode: Literal["online", "offline"] = field("online", "online needs SWANLAB_API_KEY (or a swanlab login); "
+                                              "offline writes <log_dir>/swanlab/ for a later `swanlab sync`.")
 
 
 class LoggerConfig(Section):

@@ -1,0 +1,189 @@
+"""Experiment trackers beside TensorBoard: Weights & Biases, MLflow and SwanLab, any combination.
+
+Each is a sink of MetricsLogger (metrics.py) with `log(step, metrics)` and `close()`. A list-valued
+metric (per-group lags, per-worker timings) goes whole to W&B as a histogram; MLflow and SwanLab take
+scalars only, so it reaches them as `<name>/mean`, `/p50`, `/p90` and `/max`.
+
+A tracker starts when the loop starts, before the first step: one that cannot start (not installed,
+no credentials for an online mode, an unreachable store) is a LoggerStartError naming its setting,
+never a crash in the middle of a run. After a requeue each continues the same run (its id is kept in
+<log_dir>/<tracker>_run_id).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from dockyard.config.schema.logger import LoggerConfig
+
+# the pip package each tracker needs: tools/install.sh installs them (pyproject extra "loggers")
+PACKAGES = {"wandb_enabled": ("wandb", "wandb"), "mlflow_enabled": ("mlflow", "mlflow-skinny sqlalchemy alembic"),
+            "swanlab_enabled": ("swanlab", "swanlab")}
+
+
+class LoggerStartError(RuntimeError):
+    pass
+
+
+def missing_packages(config: LoggerConfig) -> list[tuple[str, str]]:
+    """(setting, pip command) for each enabled tracker whose package is not installed."""
+    return [(f"logger.{setting}", f"pip install {pip}") for setting, (module, pip) in PACKAGES.items()
+            if getattr(config, setting) and importlib.util.find_spec(module) is None]
+
+
+def scalar_summary(metrics: dict[str, Any]) -> dict[str, float]:
+    """Scalars as they are; a list as its mean, median, 90th percentile and max (an empty one is left out)."""
+    import numpy as np
+
+    out = {}
+    for name, value in metrics.items():
+        if isinstance(value, list):
+            if value:
+                values = np.asarray(value, dtype=float)
+                out.update({f"{name}/mean": float(values.mean()), f"{name}/p50": float(np.percentile(values, 50)),
+                            f"{name}/p90": float(np.percentile(values, 90)), f"{name}/max": float(values.max())})
+        elif isinstance(value, (int, float)):
+            out[name] = float(value)
+    return out
+
+
+def _run_id(log_dir: Path, tracker: str) -> tuple[Path, str | None]:
+    path = log_dir / f"{tracker}_run_id"
+    return path, (path.read_text().strip() or None) if path.is_file() else None
+
+
+class WandbWriter:
+    def __init__(self, config: LoggerConfig, log_dir: Path, run_name: str, run_config: dict):
+        try:
+            import wandb
+        except ImportError:
+            raise LoggerStartError("logger.wandb_enabled: wandb is not installed (pip install wandb)") from None
+        settings = config.wandb
+        if settings.mode == "online" and not (os.environ.get("WANDB_API_KEY") or _netrc_has("api.wandb.ai")):
+            raise LoggerStartError("logger.wandb.mode is online but no W&B credentials were found (set "
+                                   "WANDB_API_KEY or run `wandb login`); on nodes without internet set "
+                                   "logger.wandb.mode=offline and `wandb sync` later")
+        id_file, run_id = _run_id(log_dir, "wandb")
+        try:
+            self.run = wandb.init(project=settings.project, name=settings.name or run_name, mode=settings.mode,
+                                  dir=str(log_dir), config=run_config, id=run_id, resume="allow" if run_id else None,
+                                  settings=wandb.Settings(console="off", silent=True))
+        except Exception as err:   # wandb raises its own errors for network and auth failures
+            raise LoggerStartError(f"logger.wandb_enabled: W&B did not start: {type(err).__name__}: {err}") from None
+        id_file.write_text(self.run.id)
+        self.wandb = wandb
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        data = {name: (self.wandb.Histogram(value) if isinstance(value, list) else value)
+                for name, value in metrics.items() if not isinstance(value, list) or value}
+        self.run.log(data, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def _netrc_has(host: str) -> bool:
+    import netrc
+
+    try:
+        return netrc.netrc().authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+class MlflowWriter:
+    def __init__(self, config: LoggerConfig, log_dir: Path, run_name: str, run_config: dict):
+        os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")   # mlflow probes git; a node without it is fine
+        try:
+            from mlflow.entities import Metric, Param
+            from mlflow.tracking import MlflowClient
+        except ImportError:
+            raise LoggerStartError("logger.mlflow_enabled: mlflow is not installed "
+                                   "(pip install mlflow-skinny sqlalchemy alembic)") from None
+        settings = config.mlflow
+        id_file, run_id = _run_id(log_dir, "mlflow")
+        try:
+            self.client = MlflowClient(settings.tracking_uri)
+            if run_id is None:
+                experiment = self.client.get_experiment_by_name(settings.experiment_name)
+                experiment_id = (experiment.experiment_id if experiment is not None
+                                 else self.client.create_experiment(settings.experiment_name))
+                run_id = self.client.create_run(experiment_id, run_name=run_name).info.run_id
+                flat = _flatten(run_config)
+                self.client.log_batch(run_id, params=[Param(k, str(v)[:6000]) for k, v in flat.items()])
+            else:
+                self.client.update_run(run_id, status="RUNNING")
+        except Exception as err:   # a bad URI, an unreachable server, a locked database
+            raise LoggerStartError(f"logger.mlflow.tracking_uri: MLflow at {settings.tracking_uri!r} did not "
+                                   f"start: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+                                   ) from None
+        id_file.write_text(run_id)
+        self.run_id, self.metric = run_id, Metric
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        now = int(time.time() * 1000)
+        batch = [self.metric(name, value, now, step) for name, value in scalar_summary(metrics).items()]
+        for start in range(0, len(batch), 1000):   # MLflow takes at most 1000 metrics a batch
+            self.client.log_batch(self.run_id, metrics=batch[start:start + 1000])
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id)
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+class SwanlabWriter:
+    def __init__(self, config: LoggerConfig, log_dir: Path, run_name: str, run_config: dict):
+        try:
+            import swanlab
+        except ImportError:
+            raise LoggerStartError("logger.swanlab_enabled: swanlab is not installed (pip install swanlab)") from None
+        settings = config.swanlab
+        if settings.mode == "online" and not os.environ.get("SWANLAB_API_KEY"):
+            raise LoggerStartError("logger.swanlab.mode is online but SWANLAB_API_KEY is not set; on nodes without "
+                                   "internet set logger.swanlab.mode=offline and `swanlab sync` later")
+        id_file, run_id = _run_id(log_dir, "swanlab")
+        try:
+            self.run = swanlab.init(project=settings.project, name=run_name, mode=settings.mode,
+                                    log_dir=str(log_dir / "swanlab"), config=run_config,
+                                    **({"id": run_id, "resume": "allow"} if run_id else {}))
+        except Exception as err:
+            raise LoggerStartError(f"logger.swanlab_enabled: SwanLab did not start: {type(err).__name__}: {err}"
+                                   ) from None
+        id_file.write_text(str(self.run.id))
+        self.swanlab = swanlab
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        self.swanlab.log(scalar_summary(metrics), step=step)
+
+    def close(self) -> None:
+        self.swanlab.finish()
+
+
+TRACKERS = (("wandb_enabled", WandbWriter), ("mlflow_enabled", MlflowWriter), ("swanlab_enabled", SwanlabWriter))
+
+
+def start_trackers(config: LoggerConfig, log_dir: Path, run_name: str, run_config: dict) -> list:
+    """The enabled trackers, started; the first that fails closes the ones already started."""
+    started = []
+    try:
+        for setting, writer in TRACKERS:
+            if getattr(config, setting):
+                started.append(writer(config, log_dir, run_name, run_config))
+    except LoggerStartError:
+        for tracker in started:
+            tracker.close()
+        raise
+    return started
