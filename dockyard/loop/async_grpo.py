@@ -126,10 +126,11 @@ class AsyncGRPOTrainer(GRPOTrainer):
         weights = self._weights()
         if self.world.is_main:
             self.weights_out.push(weights)
-            saved = (self.resumed_state or {}).get("async") or {}
-            if saved.get("replay"):
-                print(f"dockyard: async: {len(saved['replay'])} prompt group(s) drawn but not trained before the "
-                      "stop are started again first", file=sys.stderr, flush=True)
+            saved = (self.resumed_state or {}).get("async")
+            if saved is not None:   # said on every resume: 0 when the stop came before the next groups were drawn
+                print(f"dockyard: async: {len(saved.get('replay') or [])} prompt group(s) drawn but not trained "
+                      "before the stop are started again first", file=sys.stderr, flush=True)
+            saved = saved or {}
             self.driver = RolloutDriver(self.cfg, self.client, self.collector, self.loaders[0], self.weights_out.push,
                                         version=start, replay=saved.get("replay"), seed=self.cfg.policy.seed).start()
         del weights
