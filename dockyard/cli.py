@@ -155,6 +155,41 @@ def cmd_export_hf(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export_gguf(ns: argparse.Namespace) -> int:
+    import time
+
+    from dockyard.io.gguf_export import GGUFExportError, export_gguf_variants, validate_gguf
+
+    quants = ns.quant or ["f16"]
+    started = time.perf_counter()
+    try:
+        outputs = export_gguf_variants(ns.hf, ns.out, quants, ns.llama_cpp_dir)
+    except GGUFExportError as err:
+        print(f"dockyard export gguf: {err}", file=sys.stderr)
+        return EXIT_CONFIG
+    for path in outputs:
+        summary = validate_gguf(path)
+        print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB; {summary['architecture']}, "
+              f"{summary['tensors']} tensors: {', '.join(summary['types'])}; validated)")
+    print(f"{len(outputs)} GGUF file(s) in {time.perf_counter() - started:.1f} s")
+    return 0
+
+
+def cmd_validate_gguf(ns: argparse.Namespace) -> int:
+    from dockyard.io.gguf_export import GGUFExportError, validate_gguf
+
+    failed = 0
+    for path in ns.files:
+        try:
+            summary = validate_gguf(path, ns.hf)
+        except GGUFExportError as err:
+            print(f"dockyard export validate-gguf: {err}", file=sys.stderr)
+            failed += 1
+            continue
+        print(f"{path}: ok ({summary['architecture']}, {summary['tensors']} tensors: {', '.join(summary['types'])})")
+    return 1 if failed else 0
+
+
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="config file (a path, or a name from the config family)")
     parser.add_argument("--config-dir", action="append", default=[], metavar="DIR",
@@ -206,6 +241,21 @@ def build_parser() -> argparse.ArgumentParser:
     export_hf.add_argument("--model", metavar="DIR", help="the model folder the run trained (default: the one the "
                            "step records)")
     export_hf.set_defaults(func=cmd_export_hf)
+    export_gguf = export.add_parser("gguf", help="write GGUF builds of a Hugging Face folder with llama.cpp "
+                                    "(DOCKYARD_LLAMA_CPP_DIR; tools/prepare_llama_cpp.sh) and validate each")
+    export_gguf.add_argument("--hf", required=True, metavar="DIR", help="a Hugging Face folder (dockyard export hf)")
+    export_gguf.add_argument("--out", required=True, metavar="FILE",
+                             help="the .gguf file; with several --quant, a prefix (<out>-<quant>.gguf each)")
+    export_gguf.add_argument("--quant", action="append", metavar="TYPE",
+                             help="f16 (default), bf16, f32, Q8_0, or any llama-quantize type (Q4_K_M, Q5_K_M, "
+                             "Q6_K, ...); repeat for several builds")
+    export_gguf.add_argument("--llama-cpp-dir", metavar="DIR", help="default: $DOCKYARD_LLAMA_CPP_DIR")
+    export_gguf.set_defaults(func=cmd_export_gguf)
+    check_gguf = export.add_parser("validate-gguf", help="check GGUF files: architecture, every tensor present, "
+                                   "float tensors finite; exit 1 naming the first problem of each")
+    check_gguf.add_argument("files", nargs="+", metavar="FILE")
+    check_gguf.add_argument("--hf", metavar="DIR", help="also require every tensor this HF folder's weights map to")
+    check_gguf.set_defaults(func=cmd_validate_gguf)
 
     listing = sub.add_parser("list", help="print the component catalog by kind")
     listing.add_argument("kind", nargs="?", help="only this kind")

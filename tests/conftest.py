@@ -166,3 +166,17 @@ def teacher_models(tiny_model, tmp_path_factory) -> dict[str, Path]:
     """Two OPD teachers, alpha and beta: the tiny model with its weights scaled two ways."""
     return {name: scaled_model_copy(tiny_model, tmp_path_factory.mktemp("teachers") / name, scale)
             for name, scale in (("alpha", 1.5), ("beta", 0.5))}
+
+
+@pytest.fixture(scope="session")
+def llama_cpp_dir() -> Path:
+    """llama.cpp as tools/install.sh prepares it (tools/prepare_llama_cpp.sh); a missing one fails instead
+    of skipping, unless the install left it out on purpose (DOCKYARD_NO_LLAMA_CPP=1)."""
+    import os
+
+    folder = Path(os.environ.get("DOCKYARD_LLAMA_CPP_DIR") or REPO / ".cache" / "llama.cpp")
+    if not (folder / "build" / "bin" / "llama-quantize").is_file():
+        if os.environ.get("DOCKYARD_NO_LLAMA_CPP") == "1":
+            pytest.skip("llama.cpp left out of the install (DOCKYARD_NO_LLAMA_CPP=1)")
+        pytest.fail(f"llama.cpp is not prepared in {folder} (bash tools/prepare_llama_cpp.sh)")
+    return folder

