@@ -51,6 +51,17 @@ def scalar_summary(metrics: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def _tracker_module(setting: str):
+    """The enabled tracker's package, or a LoggerStartError naming the switch and the install command."""
+    import importlib
+
+    module, pip = PACKAGES[setting]
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise LoggerStartError(f"logger.{setting}: {module} is not installed (pip install {pip})") from None
+
+
 def _run_id(log_dir: Path, tracker: str) -> tuple[Path, str | None]:
     path = log_dir / f"{tracker}_run_id"
     return path, (path.read_text().strip() or None) if path.is_file() else None
@@ -58,10 +69,7 @@ def _run_id(log_dir: Path, tracker: str) -> tuple[Path, str | None]:
 
 class WandbWriter:
     def __init__(self, config: LoggerConfig, log_dir: Path, run_name: str, run_config: dict):
-        try:
-            import wandb
-        except ImportError:
-            raise LoggerStartError("logger.wandb_enabled: wandb is not installed (pip install wandb)") from None
+        wandb = _tracker_module("wandb_enabled")
         settings = config.wandb
         if settings.mode == "online" and not (os.environ.get("WANDB_API_KEY") or _netrc_has("api.wandb.ai")):
             raise LoggerStartError("logger.wandb.mode is online but no W&B credentials were found (set "
@@ -98,12 +106,9 @@ def _netrc_has(host: str) -> bool:
 class MlflowWriter:
     def __init__(self, config: LoggerConfig, log_dir: Path, run_name: str, run_config: dict):
         os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")   # mlflow probes git; a node without it is fine
-        try:
-            from mlflow.entities import Metric, Param
-            from mlflow.tracking import MlflowClient
-        except ImportError:
-            raise LoggerStartError("logger.mlflow_enabled: mlflow is not installed "
-                                   "(pip install mlflow-skinny sqlalchemy alembic)") from None
+        _tracker_module("mlflow_enabled")
+        from mlflow.entities import Metric, Param
+        from mlflow.tracking import MlflowClient
         settings = config.mlflow
         id_file, run_id = _run_id(log_dir, "mlflow")
         try:
@@ -146,10 +151,7 @@ def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
 
 class SwanlabWriter:
     def __init__(self, config: LoggerConfig, log_dir: Path, run_name: str, run_config: dict):
-        try:
-            import swanlab
-        except ImportError:
-            raise LoggerStartError("logger.swanlab_enabled: swanlab is not installed (pip install swanlab)") from None
+        swanlab = _tracker_module("swanlab_enabled")
         settings = config.swanlab
         if settings.mode == "online" and not os.environ.get("SWANLAB_API_KEY"):
             raise LoggerStartError("logger.swanlab.mode is online but SWANLAB_API_KEY is not set; on nodes without "
