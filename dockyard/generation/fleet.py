@@ -9,6 +9,7 @@ batched request, and the replicas run at the same time. Control calls reach ever
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import replace
 
 from dockyard.generation.engine import Completion, SamplingParams
@@ -27,6 +28,22 @@ class GeneratorFleet(Generator):
         self.last_usage: dict = {}
         self.last_assignment: list[int] = []          # replica index of each prompt of the last call
         self.groups_served = [0] * len(self.replicas)  # prompt groups each replica has generated
+        self._request_seconds: list[list[float]] = [[] for _ in self.replicas]   # since take_request_seconds
+
+    def take_request_seconds(self) -> dict[str, list[float]]:
+        """Each replica's generate calls' wall seconds since the last take: the per-worker generation
+        timeline of a step (`gen/request_seconds/replica<i>`; loggers.py merges them for scalar-only trackers)."""
+        with self._lock:
+            taken, self._request_seconds = self._request_seconds, [[] for _ in self.replicas]
+        return {f"gen/request_seconds/replica{index}": seconds for index, seconds in enumerate(taken)}
+
+    def _timed(self, replica: int, call):
+        started = time.monotonic()
+        try:
+            return call()
+        finally:
+            with self._lock:
+                self._request_seconds[replica].append(time.monotonic() - started)
 
     def _assign(self, groups: int, work: int) -> list[int]:
         """Replica index per group, least outstanding work first; reserves the work."""
@@ -47,7 +64,7 @@ class GeneratorFleet(Generator):
     def generate(self, prompts: list[list[int]], params: SamplingParams,
                  images: list[list[ImageSource]] | None = None) -> list[Completion]:
         if len(self.replicas) == 1:
-            out = self.replicas[0].generate(prompts, params, images)
+            out = self._timed(0, lambda: self.replicas[0].generate(prompts, params, images))
             self.last_usage, self.last_assignment = dict(self.replicas[0].last_usage), [0] * len(prompts)
             self.groups_served[0] += len(prompts)
             return out
@@ -64,8 +81,9 @@ class GeneratorFleet(Generator):
             try:
                 # a seed per chunk, so two replicas never draw the same random stream
                 seed = None if params.seed is None else params.seed + 7919 * indices[0]
-                got = self.replicas[replica].generate([prompts[i] for i in indices], replace(params, seed=seed),
-                                                      None if images is None else [images[i] for i in indices])
+                got = self._timed(replica, lambda: self.replicas[replica].generate(
+                    [prompts[i] for i in indices], replace(params, seed=seed),
+                    None if images is None else [images[i] for i in indices]))
                 results[replica] = [replace(c, prompt_index=indices[c.prompt_index]) for c in got]
                 usage[replica] = dict(self.replicas[replica].last_usage)
             finally:

@@ -1,8 +1,9 @@
 """Experiment trackers beside TensorBoard: Weights & Biases, MLflow and SwanLab, any combination.
 
 Each is a sink of MetricsLogger (metrics.py) with `log(step, metrics)` and `close()`. A list-valued
-metric (per-group lags, per-worker timings) goes whole to W&B as a histogram; MLflow and SwanLab take
-scalars only, so it reaches them as `<name>/mean`, `/p50`, `/p90` and `/max`.
+metric (per-group lags, each replica's request seconds) goes whole to W&B as a histogram; MLflow and
+SwanLab take scalars only, so it reaches them as `<name>/mean`, `/p50`, `/p90` and `/max`, per-worker
+lists (`<name>/replica<i>`) merged into one `<name>` first.
 
 A tracker starts when the loop starts, before the first step: one that cannot start (not installed,
 no credentials for an online mode, an unreachable store) is a LoggerStartError naming its setting,
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -35,12 +37,25 @@ def missing_packages(config: LoggerConfig) -> list[tuple[str, str]]:
             if getattr(config, setting) and importlib.util.find_spec(module) is None]
 
 
+def merged_workers(metrics: dict[str, Any]) -> dict[str, Any]:
+    """Per-worker lists (`<name>/replica<i>`, the generation timeline) joined into one `<name>` list."""
+    out: dict[str, Any] = {}
+    for name, value in metrics.items():
+        match = re.fullmatch(r"(.+)/replica\d+", name)
+        if match and isinstance(value, list):
+            out.setdefault(match.group(1), []).extend(value)
+        else:
+            out[name] = value
+    return out
+
+
 def scalar_summary(metrics: dict[str, Any]) -> dict[str, float]:
-    """Scalars as they are; a list as its mean, median, 90th percentile and max (an empty one is left out)."""
+    """Scalars as they are; a list (per-worker lists merged first) as its mean, median, 90th percentile
+    and max (an empty one is left out): one bounded set of keys per metric."""
     import numpy as np
 
     out = {}
-    for name, value in metrics.items():
+    for name, value in merged_workers(metrics).items():
         if isinstance(value, list):
             if value:
                 values = np.asarray(value, dtype=float)

@@ -98,6 +98,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
         metrics["async/lag_max"] = float(max(self.driver.last_lags))
         # the dataset rows this step trains on: a resumed run can be checked for rows trained twice or lost
         metrics["async/prompt_rows"] = [ticket.row for ticket in self.driver.taken]
+        metrics.update(self.client.take_request_seconds())   # the driver's calls since the last step
         return self.payload(kept, metrics)
 
     def payload(self, kept: list, metrics: dict):

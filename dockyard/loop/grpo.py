@@ -297,6 +297,7 @@ class GRPOTrainer:
         trajectories = [t for g in groups for t in g.trajectories]
         metrics["gen/tokens_per_s"] = metrics["gen/generated_tokens"] / max(self.timer.seconds.get("generate", 0.0), 1e-9)
         metrics["gen/engine_seconds"] = self.engine_seconds
+        metrics.update(self.client.take_request_seconds())
         return [t.sample for t in trajectories], [t.reward for t in trajectories], metrics
 
     def _generate_for_step(self, step: int):

@@ -43,6 +43,18 @@ def test_groups_are_spread_over_replicas_and_never_split(fleet):
     assert [c.token_ids for c in out if c.prompt_index in (1, 3)] == [c.token_ids for c in alone]
 
 
+def test_each_replicas_request_seconds_are_the_steps_generation_timeline(fleet):
+    params = SamplingParams(n=2, max_tokens=4, temperature=1.0, seed=5, ignore_eos=True)
+    fleet.take_request_seconds()   # earlier tests' calls
+    fleet.generate(PROMPTS, params)
+    fleet.generate(PROMPTS[:1], params)
+    timeline = fleet.take_request_seconds()
+    assert set(timeline) == {"gen/request_seconds/replica0", "gen/request_seconds/replica1"}
+    assert len(timeline["gen/request_seconds/replica0"]) == 2 and len(timeline["gen/request_seconds/replica1"]) == 1
+    assert all(0 < s < 60 for seconds in timeline.values() for s in seconds)
+    assert fleet.take_request_seconds() == {"gen/request_seconds/replica0": [], "gen/request_seconds/replica1": []}
+
+
 def test_groups_go_to_the_replica_with_the_least_outstanding_work(fleet):
     fleet.outstanding[0] = 10_000          # replica 0 busy with another call's work
     try:

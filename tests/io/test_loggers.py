@@ -67,6 +67,12 @@ def test_a_list_metric_is_summarised_for_scalar_only_trackers():
                        "lag/max": 10.0}
 
 
+def test_the_per_worker_timeline_is_merged_before_it_is_summarised():
+    summary = scalar_summary({"gen/request_seconds/replica0": [1.0, 3.0], "gen/request_seconds/replica1": [2.0]})
+    assert summary == {"gen/request_seconds/mean": 2.0, "gen/request_seconds/p50": 2.0,
+                       "gen/request_seconds/p90": pytest.approx(2.8), "gen/request_seconds/max": 3.0}
+
+
 def test_every_tracker_writes_what_its_own_reader_reads_back(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
