@@ -172,3 +172,21 @@ def test_sandbox_and_environment_extras_are_checked_before_start():
     assert any(p.startswith("env.sandbox.memory_mbb: not a sandbox setting") for p in problems), problems
     assert any(p.startswith("env.max_output_char: not a setting of the 'terminal_bench' environment") for p in problems)
     assert not unsupported(load_config("grpo_terminal_bench_local.yaml", ["models_dir=models"]).config)
+
+
+def test_rollout_timeout_s_bounds_each_generation_request(engine_server, tiny_model):
+    from types import SimpleNamespace
+
+    from dockyard.generation.engine import SamplingParams
+    from dockyard.generation.generator import GenerationServerError
+    from dockyard.loop.grpo import GRPOTrainer
+
+    url, _ = engine_server
+    cfg = load_config("grpo_tiny.yaml", [f"models_dir={tiny_model.parent}",
+                                         "grpo.sampler.rollout_timeout_s=0.001"]).config
+    fleet = GRPOTrainer._fleet(SimpleNamespace(cfg=cfg), [{"url": url, "name": "rollout server 0"}])
+    with pytest.raises(GenerationServerError, match=r"rollout server 0 .*did not answer /\S+ within 0 s"):
+        fleet.generate([[5, 6, 7]], SamplingParams(n=4, max_tokens=64, temperature=1.0, seed=1, ignore_eos=True))
+    patient = load_config("grpo_tiny.yaml", [f"models_dir={tiny_model.parent}"]).config
+    fleet = GRPOTrainer._fleet(SimpleNamespace(cfg=patient), [{"url": url, "name": "rollout server 0"}])
+    assert len(fleet.generate([[5, 6, 7]], SamplingParams(n=4, max_tokens=8, temperature=1.0, seed=1))) == 4
