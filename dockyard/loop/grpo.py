@@ -606,6 +606,10 @@ def main(stopper: "stopping.StopRequests | None" = None) -> int:
         print(f"dockyard: {err}", file=sys.stderr, flush=True)
         return 2
     logging.basicConfig(level=cfg.logger.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if cfg.logger.log_level != "DEBUG":
+        # one INFO line per generation request would bury everything else
+        for chatty in ("httpx", "httpcore"):
+            logging.getLogger(chatty).setLevel(logging.WARNING)
     threads = int(os.environ.get("DOCKYARD_THREADS", "0"))
     if threads:
         torch.set_num_threads(threads)
