@@ -103,6 +103,7 @@ def test_max_num_epochs_ends_the_run_after_the_last_pass_and_preflight_says_when
     assert result.returncode == 0, result.stdout
     assert "grpo.max_num_epochs=1 ends the run after about step 2 of grpo.max_num_steps=10" in result.stdout
     assert "passed over 1 time(s) (grpo.max_num_epochs=1); ending after step 2" in result.stdout
+    assert "HTTP Request:" not in result.stdout   # logger.log_level INFO: no line per generation request
     logs = tmp_path / "runs" / "grpo_tiny"
     assert [json.loads(line)["step"] for line in (logs / "logs" / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     assert (logs / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
