@@ -105,21 +105,36 @@ def load_model_weights(path: str | Path, model: torch.nn.Module) -> None:
 
 
 def _load_hf_weights(folder: Path, model: torch.nn.Module) -> None:
-    """The weights of an HF export (every rank calls it; rank 0 reads the file and broadcasts it)."""
+    """The weights of an HF export (every rank calls it; rank 0 reads the file and broadcasts it). A
+    problem rank 0 finds is shared first, so every rank raises it instead of waiting in the broadcast."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     distributed = dist.is_initialized()
-    weights = load_file(str(folder / "model.safetensors")) if not distributed or dist.get_rank() == 0 else {}
-    names = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
-    if weights and (missing := sorted(names - set(weights) - _non_persistent_buffers(model))):
-        raise CheckpointLoadError(f"{folder} does not hold this model's weights: missing {', '.join(missing[:5])}")
-    result = set_model_state_dict(model, weights, options=StateDictOptions(
+    weights: dict[str, torch.Tensor] = {}
+    problem = None
+    if not distributed or dist.get_rank() == 0:
+        try:
+            weights = load_file(str(folder / "model.safetensors"))
+        except (OSError, SafetensorError) as err:
+            problem = f"{folder / 'model.safetensors'} cannot be read: {err}"
+        else:
+            names = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
+            missing = sorted(names - set(weights) - _non_persistent_buffers(model))
+            unexpected = sorted(set(weights) - set(model.state_dict()))
+            if missing or unexpected:
+                problem = (f"{folder} does not hold this model's weights: " + "; ".join(filter(None, [
+                    f"missing {', '.join(missing[:5])}" if missing else "",
+                    f"unexpected {', '.join(unexpected[:5])}" if unexpected else ""])))
+    if distributed:
+        box = [problem]
+        dist.broadcast_object_list(box, src=0)
+        problem = box[0]
+    if problem is not None:
+        raise CheckpointLoadError(problem)
+    set_model_state_dict(model, weights, options=StateDictOptions(
         full_state_dict=True, broadcast_from_rank0=distributed, strict=False))
-    tied = set(model.state_dict()) - names
-    unexpected = [n for n in getattr(result, "unexpected_keys", []) if n not in tied]
-    if unexpected:
-        raise CheckpointLoadError(f"{folder} does not hold this model's weights: unexpected {', '.join(unexpected[:5])}")
 
 
 def _non_persistent_buffers(model: torch.nn.Module) -> set[str]:

@@ -641,6 +641,9 @@ def main(stopper: "stopping.StopRequests | None" = None) -> int:
     except LoggerStartError as err:
         print(f"dockyard: logger error: {err}", file=sys.stderr, flush=True)
         return 2
+    except CheckpointLoadError as err:   # a resume step changed or broken since the preflight
+        print(f"dockyard: checkpoint error: {err}", file=sys.stderr, flush=True)
+        return 2
     except DatasetError as err:
         print(f"dockyard: data error: {err}", file=sys.stderr, flush=True)
         return 2

@@ -131,3 +131,13 @@ def test_export_hf_names_what_is_wrong(tmp_path, tiny_model):
     result = run_cli("export", "hf", "--checkpoint", str(step), "--out", str(tmp_path / "out"), "--model",
                      str(tmp_path / "nowhere"))
     assert result.returncode == 2 and "no model folder at" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_broken_hf_only_step_is_named_on_resume(tmp_path, tiny_model):
+    from dockyard.io.checkpoint import CheckpointLoadError
+
+    _, manager = save(tmp_path, tiny_model, save_state=False, export_hf=True)
+    weights = tmp_path / "ckpt" / "step_2" / "hf" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(CheckpointLoadError, match="model.safetensors cannot be read"):
+        resume(manager, tiny_model)
