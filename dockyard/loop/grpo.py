@@ -106,6 +106,7 @@ class GRPOTrainer:
     def __init__(self, cfg: MasterConfig, world: WorldInfo, device: torch.device, replicas: list[dict],
                  weight_sync_port: int):
         self.cfg, self.world, self.device = cfg, world, device
+        self.tokenizing = threading.Lock()   # before the prompts are judged (_prompt_fits) below
         grpo = cfg.grpo
         self.group_size = grpo.num_generations_per_prompt
         rollouts = grpo.num_prompts_per_step * self.group_size
@@ -171,7 +172,6 @@ class GRPOTrainer:
                 backend=backend_for(device), log=log_stderr)
         self.engine_is_current = False
         self.engine_seconds = 0.0
-        self.tokenizing = threading.Lock()
         self.resumed_state: dict = {}
         self.stopper: stopping.StopRequests | None = None
         self.generating = False
