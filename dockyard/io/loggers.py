@@ -91,6 +91,9 @@ class WandbWriter:
                                    "WANDB_API_KEY or run `wandb login`); on nodes without internet set "
                                    "logger.wandb.mode=offline and `wandb sync` later")
         id_file, run_id = _run_id(log_dir, "wandb")
+        # a parent process that used wandb (a notebook, a test session) leaves WANDB_SERVICE pointing at
+        # its own wandb-core; this run's records must not depend on that process staying alive
+        os.environ.pop("WANDB_SERVICE", None)
         try:
             self.run = wandb.init(project=settings.project, name=settings.name or run_name, mode=settings.mode,
                                   dir=str(log_dir), config=run_config, id=run_id, resume="allow" if run_id else None,
