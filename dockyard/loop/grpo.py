@@ -38,9 +38,9 @@ from dockyard.generation.fleet import GeneratorFleet
 from dockyard.generation.generator import GenerationServerError
 from dockyard.generation.weight_transfer import FleetRefit, log_stderr
 from dockyard.algorithms.reward_transforms import sequence_kl
-from dockyard.io.loggers import LoggerStartError
 from dockyard.io.checkpoint import (CheckpointLoadError, CheckpointManager, load_model_weights, rng_state,
                                    set_rng_state)
+from dockyard.io.loggers import LoggerStartError
 from dockyard.loop import stopping
 from dockyard.loop.agent_rollouts import AgentRolloutCollector
 from dockyard.loop.rollouts import RolloutCollector
