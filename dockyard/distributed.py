@@ -17,20 +17,30 @@ class WorldInfo:
     rank: int
     world_size: int
     local_rank: int
+    model_parallel_size: int = 1   # ranks that split one model (TP); neighbours in rank order
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def data_rank(self) -> int:
+        """Which share of the data this rank trains on: the ranks of one model-parallel group share one."""
+        return self.rank // self.model_parallel_size
+
+    @property
+    def data_size(self) -> int:
+        return self.world_size // self.model_parallel_size
 
 
 def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def init_trainer_world(device: torch.device, timeout_s: float = 600) -> WorldInfo:
+def init_trainer_world(device: torch.device, timeout_s: float = 600, model_parallel_size: int = 1) -> WorldInfo:
     """Join the trainer world described by RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT."""
     info = WorldInfo(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
-                     int(os.environ.get("LOCAL_RANK", 0)))
+                     int(os.environ.get("LOCAL_RANK", 0)), model_parallel_size)
     if not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))

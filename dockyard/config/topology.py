@@ -61,6 +61,17 @@ def dp_size(cfg: MasterConfig) -> int:
     return world // mp if world > 0 and world % mp == 0 else 0
 
 
+def mesh_line(world: int, data: int, tensor: int) -> str:
+    """The trainer's device mesh in words: the same line from the plan (`dockyard-submit --dry-run`) and
+    from the running trainer (its rank 0 prints the mesh it built)."""
+    return (f"trainer mesh: {world} rank(s) = {data} data-parallel x {tensor} tensor-parallel "
+            f"(FSDP shards over data-parallel; each tensor-parallel group is {tensor} neighbouring ranks)")
+
+
+def trainer_mesh_line(cfg: MasterConfig) -> str:
+    return mesh_line(trainer_world_size(cfg), dp_size(cfg), model_parallel(cfg)["TP"])
+
+
 def num_mini_batches(cfg: MasterConfig) -> int:
     rollouts = cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt
     return rollouts // cfg.policy.train_global_batch_size

@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Sequence
 
-from dockyard.config import ConfigError, load_config
+from dockyard.config import ConfigError, load_config, topology
 from dockyard.config.loader import LoadedConfig, import_folders
 from dockyard.config.schema import MasterConfig
 from dockyard.launch.plan import JobPlan, plan_job
@@ -165,7 +165,8 @@ def submit(loaded: LoadedConfig, dry_run: bool, wait: bool, wait_timeout_s: floa
         _say("nothing was submitted")
         return EXIT_CONFIG
     folder = job_folder(cfg)
-    print(f"plan for {loaded.source} ({plan.total_nodes} nodes):\n{plan.table()}\n")
+    print(f"plan for {loaded.source} ({plan.total_nodes} nodes):\n{plan.table()}\n"
+          f"{topology.trainer_mesh_line(cfg)}\n")
     if dry_run:
         executor = build_executor(cfg, plan, folder, require_slurm=False)
         print("sbatch script:\n")

@@ -381,9 +381,9 @@ class GRPOTrainer:
         """Advantages, logprobs and the optimizer steps on the step's rollouts (every rank holds all
         of them; groups consecutive). Raises StepAbandoned when a stop comes before anything trained."""
         metrics: dict[str, float] = {}
-        # Mini-batch j is the j-th slice of the step's rollouts; each rank trains on every
-        # world_size-th of it. Filters shrink the step; the same number of optimizer steps remains.
-        positions = [list(range(a, b))[self.world.rank::self.world.world_size]
+        # Mini-batch j is the j-th slice of the step's rollouts; each data-parallel rank trains on every
+        # data_size-th of it. Filters shrink the step; the same number of optimizer steps remains.
+        positions = [list(range(a, b))[self.world.data_rank::self.world.data_size]
                      for a, b in mini_batch_bounds(len(samples), self.num_mini_batches)]
         mini_batches = [[samples[i] for i in chunk] for chunk in positions]
         local = [s for mb in mini_batches for s in mb]
@@ -618,7 +618,8 @@ def main(stopper: "stopping.StopRequests | None" = None) -> int:
     torch.manual_seed(cfg.policy.seed)
     if stopper is not None and stopper.device is None:
         stopper.device = device
-    world = init_trainer_world(device, timeout_s=float(os.environ.get("DOCKYARD_COLLECTIVE_TIMEOUT_S", 1800)))
+    world = init_trainer_world(device, timeout_s=float(os.environ.get("DOCKYARD_COLLECTIVE_TIMEOUT_S", 1800)),
+                               model_parallel_size=cfg.policy.dtensor_cfg.tensor_parallel_size)
     trainer_class = GRPOTrainer
     # each loop in its own module
     if cfg.sft is not None:

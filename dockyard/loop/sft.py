@@ -104,7 +104,7 @@ class SFTTrainer(GRPOTrainer):
         samples, self.epochs_done, metrics = self._broadcast(payload)
         if self.stopper is not None and (code := self.stopper.agree()):
             raise StepAbandoned(code or stopping.TERM)   # a safe point: nothing trained yet
-        local = samples[self.world.rank::self.world.world_size]
+        local = samples[self.world.data_rank::self.world.data_size]
         interrupt = (lambda: bool(self.stopper.agree())) if self.stopper is not None else None
         with self.timer("train"):
             try:
@@ -129,7 +129,7 @@ class SFTTrainer(GRPOTrainer):
         samples = self._broadcast([self._tokens(p)[0] for p in self.conversations] if self.world.is_main else None)
         if not samples:
             return {}
-        local = samples[self.world.rank::self.world.world_size]
+        local = samples[self.world.data_rank::self.world.data_size]
         sums = torch.zeros(2, dtype=torch.float64)
         for sample, logprobs in zip(local, self.policy.logprobs(local)):   # a collective, even with no rows
             mask = sample.response_mask()

@@ -27,7 +27,6 @@ def _features(cfg: MasterConfig) -> list[tuple[str, bool]]:
         ("grpo.skip_prev_logprobs", grpo.skip_prev_logprobs),
         ("grpo.run_mode", grpo.run_mode != "default"),
         ("policy.lora.enabled", cfg.policy.lora.enabled),
-        ("policy.dtensor_cfg.tensor_parallel_size", cfg.policy.dtensor_cfg.tensor_parallel_size > 1),
         ("policy.dtensor_cfg.context_parallel_size", cfg.policy.dtensor_cfg.context_parallel_size > 1),
         ("data_plane", cfg.data_plane is not None),
     ]

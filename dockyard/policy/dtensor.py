@@ -1,10 +1,12 @@
 """`dtensor` policy backend: a transformers causal LM sharded with FSDP2 (`fully_shard`) over the
-trainer world (gloo on CPU, NCCL on GPU). It computes logprobs, takes optimizer steps and exports
-full weights for the generation servers."""
+trainer world (gloo on CPU, NCCL on GPU), optionally split with tensor parallelism inside groups of
+neighbouring ranks (a data-parallel x TP mesh, tensor_parallel.py). It computes logprobs, takes
+optimizer steps and exports full weights for the generation servers."""
 
 from __future__ import annotations
 
 import math
+import sys
 from typing import Callable
 from dataclasses import dataclass
 import torch
@@ -15,8 +17,12 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 
 from dockyard.algorithms.losses import LossInputs, aggregate
 from dockyard.config.schema import MasterConfig
+from dockyard.config.topology import mesh_line
 from dockyard.distributed import WorldInfo
 from dockyard.models import DTYPES, load_causal_lm
+from dockyard.policy.tensor_parallel import (TensorParallelError, VocabShard, apply_tensor_parallel, clip_gradients,
+                                             quiet_tensor_parallel_warnings, sum_partial_gradients, token_logprobs,
+                                             vocab_shard)
 
 
 @dataclass
@@ -95,11 +101,11 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(layers)
 
 
-def build_optimizer(opt, parameters) -> torch.optim.Optimizer:
+def build_optimizer(opt, parameters, foreach: bool | None = None) -> torch.optim.Optimizer:
     if opt.name == "sgd":   # plain SGD; weight decay as L2 in the gradient (torch's SGD)
-        return torch.optim.SGD(parameters, lr=opt.lr, weight_decay=opt.weight_decay)
+        return torch.optim.SGD(parameters, lr=opt.lr, weight_decay=opt.weight_decay, foreach=foreach)
     return torch.optim.AdamW(parameters, lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps,
-                             weight_decay=opt.weight_decay)
+                             weight_decay=opt.weight_decay, foreach=foreach)
 
 
 def lr_factor(step: int, warmup: int, total: int, shape: str, min_ratio: float) -> float:
@@ -141,7 +147,26 @@ class DTensorPolicy:
         if self.share_prompts and attention not in ("sdpa", "eager"):
             raise PolicySetupError(f"policy.dynamic_batching.share_prompts needs sdpa or eager attention "
                                    f"(a 4-D mask); {model_path or policy.model_name} loads with {attention}")
-        mesh = init_device_mesh(device.type, (world.world_size,))
+        tp = policy.dtensor_cfg.tensor_parallel_size
+        if world.model_parallel_size != tp or world.world_size % tp:
+            raise PolicySetupError(f"policy.dtensor_cfg.tensor_parallel_size is {tp}, but the trainer world has "
+                                   f"{world.world_size} ranks in model-parallel groups of {world.model_parallel_size}")
+        self.vocab: VocabShard | None = None     # this rank's slice of the vocabulary under TP
+        partial_grad: set[str] = set()
+        self.tp_group = None
+        if tp > 1:
+            grid = init_device_mesh(device.type, (world.data_size, tp), mesh_dim_names=("dp", "tp"))
+            try:
+                partial_grad = apply_tensor_parallel(self.model, grid["tp"], model_path or policy.model_name)
+            except TensorParallelError as err:
+                raise PolicySetupError(str(err)) from None
+            self.vocab, self.tp_group = vocab_shard(self.model, grid["tp"]), grid["tp"].get_group()
+            mesh = grid["dp"]
+            quiet_tensor_parallel_warnings()
+        else:
+            mesh = init_device_mesh(device.type, (world.world_size,))
+        if world.is_main and trainable:
+            print(f"dockyard: {mesh_line(world.world_size, world.data_size, tp)}", file=sys.stderr, flush=True)
         compute = DTYPES[policy.precision]
         mixed = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32) \
             if compute != torch.float32 else MixedPrecisionPolicy()
@@ -150,9 +175,13 @@ class DTensorPolicy:
         for layer in _decoder_layers(self.model):
             fully_shard(layer, mesh=mesh, mp_policy=mixed, offload_policy=offload)
         fully_shard(self.model, mesh=mesh, mp_policy=mixed, offload_policy=offload)
+        self.partial_grad = [p for n, p in self.model.named_parameters() if n in partial_grad]
+        if len(self.partial_grad) != len(partial_grad):
+            raise PolicySetupError(f"tensor parallel: parameters not found after sharding: {sorted(partial_grad)}")
         self.optimizer = self.scheduler = None
         if trainable:
-            self.optimizer = build_optimizer(policy.optimizer, self.model.parameters())
+            # TP-split and plain weights live on different meshes, which foreach kernels cannot mix
+            self.optimizer = build_optimizer(policy.optimizer, self.model.parameters(), foreach=False if tp > 1 else None)
             sched = policy.scheduler
             self.scheduler = torch.optim.lr_scheduler.LambdaLR(
                 self.optimizer, lambda step: lr_factor(step, sched.warmup_steps, total_optimizer_steps,
@@ -197,11 +226,8 @@ class DTensorPolicy:
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         ids, attention, positions = ids.to(self.device), attention.to(self.device), positions.to(self.device)
         logits = self.model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=False,
-                            logits_to_keep=responses + 1).logits[:, :-1].float()
-        log_softmax = torch.log_softmax(logits / self.temperature, dim=-1)
-        logprobs = log_softmax.gather(-1, ids[:, -responses:, None])[..., 0]
-        entropy = -(log_softmax.exp() * log_softmax).sum(-1) if with_entropy else None
-        return logprobs, entropy
+                            logits_to_keep=responses + 1).logits[:, :-1]
+        return token_logprobs(logits, ids[:, -responses:], self.temperature, with_entropy, self.vocab)
 
     def _forward_shared_prompts(self, samples: list[Sample], with_entropy: bool):
         """As _forward_logprobs, with each prompt computed once per row (plan_shared_prompt_rows).
@@ -248,15 +274,13 @@ class DTensorPolicy:
         logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
                             position_ids=positions.to(self.device), use_cache=False,
                             logits_to_keep=width - first).logits
-        picked = logits[torch.tensor(source_row), torch.tensor(source_pos) - first].float()
-        log_softmax = torch.log_softmax(picked / self.temperature, dim=-1)
-        token_index = torch.tensor(token, device=log_softmax.device)
-        flat = log_softmax.gather(-1, token_index[:, None])[:, 0]
+        picked = logits[torch.tensor(source_row), torch.tensor(source_pos) - first]
+        flat, flat_entropy = token_logprobs(picked, torch.tensor(token, device=picked.device), self.temperature,
+                                            with_entropy, self.vocab)
         where = (torch.tensor(out_row), torch.tensor(out_col))
         logprobs = torch.zeros((len(samples), responses), device=flat.device).index_put(where, flat)
         entropy = None
         if with_entropy:
-            flat_entropy = -(log_softmax.exp() * log_softmax).sum(-1)
             entropy = torch.zeros((len(samples), responses), device=flat.device).index_put(where, flat_entropy)
         return logprobs, entropy
 
@@ -298,9 +322,7 @@ class DTensorPolicy:
         TrainingInterrupted is raised."""
         policy, loss_cfg = self.config.policy, self.config.loss_fn
         masks = [s.response_mask() for s in samples]
-        totals = torch.tensor([float(sum(m.sum() for m in masks)), float(len(samples))], dtype=torch.float64)
-        if self.world.world_size > 1:
-            dist.all_reduce(totals)
+        totals = self._sum_over_data([float(sum(m.sum() for m in masks)), float(len(samples))])
         total_tokens, total_sequences = float(totals[0]), float(totals[1])
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
@@ -332,23 +354,32 @@ class DTensorPolicy:
                                                else [1.0] * samples[i].response_length) for i in batch], width)
                 per_token = per_token * weights.to(self.device, per_token.dtype)
             share = aggregate(per_token, mask, loss_cfg.loss_agg_mode, total_tokens, total_sequences)
-            # FSDP averages gradients over ranks; scaling by the world size turns that into a sum.
-            (share * self.world.world_size).backward()
+            # FSDP averages gradients over data-parallel ranks; scaling by their number makes it a sum.
+            (share * self.world.data_size).backward()
             loss_value += float(share.detach())
             for name, values in metrics.items():
                 sums[name] = sums.get(name, 0.0) + float((values * mask).sum())
         max_norm = policy.max_grad_norm if policy.max_grad_norm > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+        if self.tp_group is not None:
+            sum_partial_gradients(self.partial_grad, self.tp_group)
+            grad_norm = clip_gradients(list(self.model.parameters()), max_norm)
+        else:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+            grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
         self.optimizer.step()
         self.scheduler.step()
-        reduced = torch.tensor([loss_value] + [sums[k] for k in sorted(sums)], dtype=torch.float64)
-        if self.world.world_size > 1:
-            dist.all_reduce(reduced)
+        reduced = self._sum_over_data([loss_value] + [sums[k] for k in sorted(sums)])
         result = {"loss": float(reduced[0]), "grad_norm": float(grad_norm), "lr": self.scheduler.get_last_lr()[0]}
         for index, name in enumerate(sorted(sums), start=1):
             result[name] = float(reduced[index]) / max(total_tokens, 1.0)
         return result
+
+    def _sum_over_data(self, values: list[float]) -> torch.Tensor:
+        """Sum over the data-parallel ranks (the ranks of a TP group hold the same samples and figures)."""
+        total = torch.tensor(values, dtype=torch.float64)
+        if self.world.world_size > 1:
+            dist.all_reduce(total)
+        return total / self.world.model_parallel_size
 
     # --- weights ------------------------------------------------------------------------------
 

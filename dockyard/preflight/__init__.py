@@ -37,7 +37,7 @@ class Report:
 def model_problems(cfg: MasterConfig) -> tuple[list[Problem], int]:
     """Every model, tokenizer and checkpoint folder the run reads; and the policy's parameter count."""
     from dockyard.preflight.model_folders import (check_checkpoint_step, check_model_folder, check_resume,
-                                                  check_tokenizer)
+                                                  check_tensor_parallel_plan, check_tokenizer)
 
     problems, parameters = check_model_folder("policy.model_name", cfg.policy.model_name)
     tokenizer_field, tokenizer = (("policy.tokenizer_name", cfg.policy.tokenizer_name) if cfg.policy.tokenizer_name
@@ -46,6 +46,9 @@ def model_problems(cfg: MasterConfig) -> tuple[list[Problem], int]:
     problems += tokenizer_problems
     if not problems:
         problems += check_tokenizer(tokenizer_field, tokenizer, cfg.policy.generation.chat_template.path, True)
+    tensor_parallel = cfg.policy.dtensor_cfg.tensor_parallel_size
+    if not problems and cfg.policy.backend == "dtensor" and tensor_parallel > 1:
+        problems += check_tensor_parallel_plan(cfg.policy.model_name, tensor_parallel)
     reference = cfg.loss_fn.reference_model
     if cfg.loss_fn.reference_policy_kl_penalty > 0:
         if reference.checkpoint_path:

@@ -115,6 +115,22 @@ def check_tokenizer(field: str, path: str, chat_template_file: str | None, needs
     return []
 
 
+def check_tensor_parallel_plan(path: str, size: int) -> list[Problem]:
+    """The model's architecture has a TP plan this backend applies, and its heads split over `size` ranks."""
+    from transformers import AutoConfig
+
+    from dockyard.policy.tensor_parallel import TensorParallelError, layer_plan
+
+    try:
+        layer_plan(AutoConfig.from_pretrained(path), size, path)
+    except TensorParallelError as err:
+        field, _, message = str(err).partition(": ")
+        return [Problem(field, message)]
+    except (OSError, ValueError) as err:   # config.json problems are reported by check_model_folder
+        return [Problem("policy.model_name", f"{path}: its config does not load: {err}")]
+    return []
+
+
 def check_checkpoint_step(field: str, path: str) -> list[Problem]:
     from dockyard.models import ModelNotFoundError, checkpoint_weights_folder
 

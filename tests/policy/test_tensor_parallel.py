@@ -1,0 +1,123 @@
+"""policy.dtensor_cfg.tensor_parallel_size: TP 2 and TP 2 x DP 2 (real gloo worlds of 2 and 4
+processes) give the logprobs, losses, gradient norms and weights of one rank after three optimizer
+steps, for Llama (tied and untied) and Qwen3 (whose per-head norms need their gradients summed over
+the TP group); a TP 2 checkpoint resumes on one rank; a model whose heads do not split is refused by
+name before the run."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dockyard.distributed import free_port
+from tests.conftest import REPO, run_cli
+
+WORKER = Path(__file__).with_name("parallel_worker.py")
+
+
+def launch(world: int, tp: int, *args: str, timeout: int = 300) -> None:
+    """`world` worker processes forming one gloo world (as torchrun would start them)."""
+    port = free_port()
+    processes = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        processes.append(subprocess.Popen([sys.executable, str(WORKER), "--tp", str(tp), *args], env=env, cwd=REPO,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs = []
+    for process in processes:
+        try:
+            outputs.append(process.communicate(timeout=timeout)[0])
+        except subprocess.TimeoutExpired:
+            for other in processes:
+                other.kill()
+            raise
+    failed = [(rank, p.returncode) for rank, p in enumerate(processes) if p.returncode]
+    assert not failed, f"ranks failed {failed}:\n" + "\n".join(out[-3000:] for out in outputs)
+
+
+@pytest.fixture(scope="module")
+def qwen3_model(tiny_model, tmp_path_factory) -> Path:
+    """A tiny random Qwen3 (per-head q_norm / k_norm, which TP splits by heads) with the tiny tokenizer."""
+    from transformers import AutoConfig, AutoModelForCausalLM, Qwen3Config
+
+    base = AutoConfig.from_pretrained(tiny_model)
+    config = Qwen3Config(vocab_size=base.vocab_size, hidden_size=base.hidden_size,
+                         intermediate_size=base.intermediate_size, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=base.hidden_size // 4, max_position_embeddings=512,
+                         bos_token_id=base.bos_token_id, eos_token_id=base.eos_token_id,
+                         pad_token_id=base.pad_token_id, tie_word_embeddings=False)
+    torch.manual_seed(3)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():   # norms away from 1, so their gradients shape the result
+        for layer in model.model.layers:
+            layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
+            layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
+    out = tmp_path_factory.mktemp("models") / "tiny-qwen3"
+    model.save_pretrained(out)
+    for file in tiny_model.iterdir():
+        if "token" in file.name or file.name == "chat_template.jinja":
+            shutil.copy(file, out / file.name)
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model, tiny_tied_model, qwen3_model, tmp_path_factory):
+    """Every world's results, {(world, tp): {model folder name: results}}; the TP 2 world also saves
+    the untied Llama's checkpoint, which a one-rank world then loads (the 'resume' entry)."""
+    root = tmp_path_factory.mktemp("parallel")
+    folders = {key: root / f"w{key[0]}tp{key[1]}" for key in [(1, 1), (2, 2), (4, 2), ("resume", 1)]}
+    for folder in folders.values():
+        folder.mkdir()
+    checkpoint = root / "checkpoint"
+    launch(1, 1, "--model", str(tiny_model), "--model", f"{tiny_tied_model}:shared", "--model", str(qwen3_model),
+           "--out", str(folders[(1, 1)]))
+    launch(2, 2, "--model", str(qwen3_model), "--model", str(tiny_model), "--out", str(folders[(2, 2)]),
+           "--save", str(checkpoint))
+    launch(4, 2, "--model", f"{tiny_tied_model}:shared", "--out", str(folders[(4, 2)]))
+    launch(1, 1, "--model", str(tiny_model), "--out", str(folders[("resume", 1)]), "--load", str(checkpoint),
+           "--steps", "0")
+    return {key: {p.stem: torch.load(p, weights_only=False) for p in folder.glob("*.pt")}
+            for key, folder in folders.items()}
+
+
+def assert_same_run(got: dict, want: dict) -> None:
+    for step, (mine, theirs) in enumerate(zip(got["steps"], want["steps"])):
+        for name in ("loss", "grad_norm"):
+            assert mine[name] == pytest.approx(theirs[name], rel=2e-6, abs=1e-7), (step, name)
+    for mine, theirs in zip(got["logprobs"], want["logprobs"]):
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=2e-5)
+    torch.testing.assert_close(got["entropy"], want["entropy"], rtol=0, atol=2e-5)
+    assert got["weights"].keys() == want["weights"].keys()
+    for name in want["weights"]:
+        torch.testing.assert_close(got["weights"][name], want["weights"][name], rtol=0, atol=2e-5, msg=name)
+
+
+@pytest.mark.parametrize("model, world", [("tiny-llama", (2, 2)), ("tiny-qwen3", (2, 2)),
+                                          ("tiny-llama-tied", (4, 2))])
+def test_tensor_parallel_trains_as_one_rank(runs, model, world):
+    one, split = runs[(1, 1)][model], runs[world][model]
+    assert one["moved"] > 100 * 2e-5   # equal weights after the steps mean equal updates
+    assert_same_run(split, one)
+
+
+def test_a_tensor_parallel_checkpoint_resumes_on_one_rank(runs):
+    saved, loaded = runs[(2, 2)]["tiny-llama"], runs[("resume", 1)]["tiny-llama"]
+    for name in saved["weights"]:
+        assert torch.equal(saved["weights"][name], loaded["weights"][name]), name
+    assert saved["exp_avg"].keys() == loaded["exp_avg"].keys()
+    for name in saved["exp_avg"]:
+        assert torch.equal(saved["exp_avg"][name], loaded["exp_avg"][name]), name
+        assert saved["exp_avg"][name].abs().sum() > 0, name
+
+
+def test_heads_that_do_not_split_are_refused_before_the_run(tiny_model):
+    result = run_cli("run", "--config", "grpo_tiny.yaml", f"models_dir={tiny_model.parent}",
+                     "policy.dtensor_cfg.tensor_parallel_size=4", "cluster.cpu_ranks_per_node=2")
+    assert result.returncode == 2, result.stderr
+    assert "policy.dtensor_cfg.tensor_parallel_size" in result.stderr
+    assert "num_key_value_heads = 2, which 4 ranks cannot split evenly" in result.stderr
