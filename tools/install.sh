@@ -36,6 +36,15 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 PYTHON=${PYTHON:-python3}
+llama_pid=""
+if [ "${DOCKYARD_NO_LLAMA_CPP:-0}" != 1 ]; then
+  # compiling takes minutes on a small machine; it runs beside the pip installs, which mostly wait on
+  # the network and the disk (its download needs only the system python)
+  echo "preparing llama.cpp's GGUF tools in .cache/llama.cpp in the background (log: .cache/llama-cpp-prepare.log)"
+  mkdir -p .cache
+  PYTHON="$PYTHON" bash tools/prepare_llama_cpp.sh .cache/llama.cpp >.cache/llama-cpp-prepare.log 2>&1 &
+  llama_pid=$!
+fi
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
@@ -62,9 +71,10 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   fi
   touch "$stamp"
 fi
-if [ "${DOCKYARD_NO_LLAMA_CPP:-0}" != 1 ]; then
-  echo "preparing llama.cpp's GGUF tools in .cache/llama.cpp (a few minutes the first time)"
-  bash tools/prepare_llama_cpp.sh .cache/llama.cpp >/dev/null
+if [ -n "$llama_pid" ] && ! wait "$llama_pid"; then
+  tail -n 20 .cache/llama-cpp-prepare.log
+  echo "preparing llama.cpp failed; full log in .cache/llama-cpp-prepare.log" >&2
+  exit 1
 fi
 .venv/bin/python tools/make_tiny_model.py --out models/tiny-llama
 .venv/bin/python tools/smollm2_to_hf.py --out models/smollm2-135m-instruct
