@@ -91,7 +91,12 @@ def load_model_weights(path: str | Path, model: torch.nn.Module) -> None:
     from dockyard.models import checkpoint_weights_folder
 
     folder = checkpoint_weights_folder(path)
-    if not (folder / "dcp" / ".metadata").is_file():
+    state_file = folder / "trainer_state.json"
+    adapters_only = state_file.is_file() and contents(json.loads(state_file.read_text()))["adapters_only"]
+    if adapters_only and not (folder / "hf" / "model.safetensors").is_file():
+        raise CheckpointLoadError(f"{folder} holds LoRA adapters only, not the model's weights (a LoRA run with "
+                                  "checkpointing.export_hf writes them merged at save time)")
+    if adapters_only or not (folder / "dcp" / ".metadata").is_file():
         _load_hf_weights(folder / "hf", model)
         return
     state = {"model": get_model_state_dict(model)}
@@ -137,6 +142,17 @@ def _load_hf_weights(folder: Path, model: torch.nn.Module) -> None:
         full_state_dict=True, broadcast_from_rank0=distributed, strict=False))
 
 
+def _trained_only(model: torch.nn.Module):
+    """State-dict options: a model with frozen weights (LoRA) saves and loads only what it trains; the
+    rest comes from its model folder at start."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    frozen = any(not p.requires_grad for p in model.parameters())
+    # strict=False: the frozen weights are not in the state dict by design; DCP itself fails on a
+    # trained weight the checkpoint lacks
+    return StateDictOptions(ignore_frozen_params=frozen, strict=not frozen)
+
+
 def _non_persistent_buffers(model: torch.nn.Module) -> set[str]:
     return {f"{prefix}.{name}" if prefix else name for prefix, module in model.named_modules()
             for name in module._non_persistent_buffers_set}
@@ -144,7 +160,8 @@ def _non_persistent_buffers(model: torch.nn.Module) -> set[str]:
 
 def contents(trainer_state: dict[str, Any]) -> dict[str, bool]:
     """What a step holds (steps written before this record held DCP weights and optimizer, no HF folder)."""
-    return {"dcp": True, "optimizer": True, "hf": False, "model": None, **trainer_state.get("contents", {})}
+    return {"dcp": True, "optimizer": True, "hf": False, "model": None, "adapters_only": False,
+            **trainer_state.get("contents", {})}
 
 
 def _barrier() -> None:
@@ -189,15 +206,17 @@ class CheckpointManager:
 
         trainer_state = json.loads((path / "trainer_state.json").read_text())
         held = contents(trainer_state)
+        options = _trained_only(model)
         if held["dcp"] and held["optimizer"]:
-            model_state, optim_state = get_state_dict(model, optimizer)
+            model_state, optim_state = get_state_dict(model, optimizer, options=options)
             state = {"model": model_state, "optim": optim_state}
             dcp.load(state, checkpoint_id=str(path / "dcp"))
-            set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+            set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                           options=options)
         elif held["dcp"]:
-            state = {"model": get_model_state_dict(model)}
+            state = {"model": get_model_state_dict(model, options=options)}
             dcp.load(state, checkpoint_id=str(path / "dcp"))
-            set_model_state_dict(model, state["model"])
+            set_model_state_dict(model, state["model"], options=options)
         else:
             _load_hf_weights(path / "hf", model)
         trainer_state["not_restored"] = [] if held["optimizer"] else [
@@ -236,7 +255,8 @@ class CheckpointManager:
         _barrier()
         if self.rank == 0:
             held = {"dcp": self.config.save_state, "optimizer": self.config.save_state and self.config.save_optimizer,
-                    "hf": self.config.export_hf, "model": str(Path(self.hf_source).resolve()) if self.hf_source else None}
+                    "hf": self.config.export_hf, "model": str(Path(self.hf_source).resolve()) if self.hf_source else None,
+                    "adapters_only": _trained_only(model).ignore_frozen_params}
             state = dict(trainer_state, step=step, scheduler=scheduler.state_dict() if scheduler else None,
                          contents=held)
             (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2, default=float))
@@ -253,21 +273,25 @@ class CheckpointManager:
     def _state_to_save(self, model: torch.nn.Module, optimizer) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
+        options = _trained_only(model)
         if not self.config.save_optimizer:
-            return {"model": get_model_state_dict(model)}
-        model_state, optim_state = get_state_dict(model, optimizer)
+            return {"model": get_model_state_dict(model, options=options)}
+        model_state, optim_state = get_state_dict(model, optimizer, options=options)
         return {"model": model_state, "optim": optim_state}
 
     def _export_hf(self, model: torch.nn.Module, out: Path) -> None:
         """Every rank takes part in gathering the full weights; rank 0 writes them."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+        from dockyard.policy.lora import merged_weights
+
         if self.hf_source is None:
             raise ValueError("checkpointing.export_hf needs the model folder the run started from")
         weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self.rank == 0:
             tied = set(weights) - {n for n, _ in model.named_parameters()} - {n for n, _ in model.named_buffers()}
-            write_hf_folder(weights, self.hf_source, out, skip=tied)
+            # a LoRA model's folder holds base + adapters under the base model's names
+            write_hf_folder(merged_weights(model, weights), self.hf_source, out, skip=tied)
 
     def _apply_retention(self, newest: int) -> None:
         steps = sorted(int(p.name.removeprefix("step_")) for p in self.root.glob("step_*")

@@ -100,7 +100,11 @@ def export_step(checkpoint: str | Path, out: str | Path, model: str | Path | Non
     from dockyard.models import ModelLoadError, ModelNotFoundError
 
     step = step_folder_of(checkpoint)
-    source = model or contents(json.loads((step / "trainer_state.json").read_text()))["model"]
+    held = contents(json.loads((step / "trainer_state.json").read_text()))
+    if held["adapters_only"]:
+        where = f"; its merged weights are in {step / 'hf'}" if held["hf"] else " (checkpointing.export_hf writes them at save time)"
+        raise ExportError(f"{step} holds LoRA adapters only, not the model's weights{where}")
+    source = model or held["model"]
     if source is None:
         raise ExportError(f"{step} does not record the model folder it trained; pass --model FOLDER (the run's "
                           "policy.model_name)")

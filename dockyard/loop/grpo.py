@@ -49,6 +49,7 @@ from dockyard.loop.stopping import RunStopped
 from dockyard.loop.teachers import TeacherRoutingError
 from dockyard.models import DTYPES, ModelLoadError, ModelNotFoundError, load_tokenizer
 from dockyard.policy.dtensor import PolicySetupError, Sample, TrainingInterrupted
+from dockyard.policy.lora import BaseModelReference
 
 
 class PhaseTimer:
@@ -116,7 +117,9 @@ class GRPOTrainer:
         self.policy = registry.build("policy_backend", cfg.policy.backend, config=cfg, world=world, device=device,
                                      total_optimizer_steps=self.total_optimizer_steps())
         self.reference = None
-        if cfg.loss_fn.reference_policy_kl_penalty > 0:
+        if cfg.loss_fn.reference_policy_kl_penalty > 0 and lora_base_is_reference(cfg):
+            self.reference = BaseModelReference(self.policy)
+        elif cfg.loss_fn.reference_policy_kl_penalty > 0:
             source = cfg.loss_fn.reference_model
             # the structure comes from hf_path (else the policy's folder); a checkpoint's weights replace its own
             self.reference = registry.build("policy_backend", cfg.policy.backend, config=cfg, world=world,
@@ -596,6 +599,13 @@ class GRPOTrainer:
                 logger.log(step, metrics)
             if last:
                 break
+
+
+def lora_base_is_reference(cfg: MasterConfig) -> bool:
+    """A LoRA run whose reference is the model it starts from takes it from its own weights, adapters off."""
+    source = cfg.loss_fn.reference_model
+    return cfg.policy.lora.enabled and not source.checkpoint_path and (
+        source.hf_path is None or Path(source.hf_path).resolve() == Path(cfg.policy.model_name).resolve())
 
 
 def main(stopper: "stopping.StopRequests | None" = None) -> int:

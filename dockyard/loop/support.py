@@ -26,7 +26,6 @@ def _features(cfg: MasterConfig) -> list[tuple[str, bool]]:
     return [
         ("grpo.skip_prev_logprobs", grpo.skip_prev_logprobs),
         ("grpo.run_mode", grpo.run_mode != "default"),
-        ("policy.lora.enabled", cfg.policy.lora.enabled),
         ("policy.dtensor_cfg.context_parallel_size", cfg.policy.dtensor_cfg.context_parallel_size > 1),
         ("data_plane", cfg.data_plane is not None),
     ]
@@ -74,7 +73,28 @@ def _unbuilt_settings(cfg: MasterConfig) -> list[Problem]:
     if logger.gpu_monitoring_interval_s != type(logger).model_fields["gpu_monitoring_interval_s"].default:
         problems.append(Problem("logger.gpu_monitoring_interval_s", "GPU figures are sampled once per step, when "
                                 "the step's metrics are logged, not on a timer; remove it"))
-    problems += _estimator_settings(cfg) + _environment_settings(cfg)
+    problems += _estimator_settings(cfg) + _environment_settings(cfg) + _lora_settings(cfg)
+    return problems
+
+
+def _lora_settings(cfg: MasterConfig) -> list[Problem]:
+    """What LoRA (policy.lora) is not built together with yet."""
+    lora = cfg.policy.lora
+    if not lora.enabled:
+        return []
+    problems = []
+    if cfg.policy.dtensor_cfg.tensor_parallel_size > 1:
+        problems.append(Problem("policy.lora.enabled", "LoRA with tensor parallelism is not built yet; use "
+                                "policy.dtensor_cfg.tensor_parallel_size 1 (FSDP data parallel) with LoRA"))
+    if lora.dropout > 0:
+        problems.append(Problem("policy.lora.dropout", "adapter dropout is not built: the trainer's forward passes run "
+                                "without dropout (the old logprobs come from the training forward); set it to 0"))
+    if cfg.loss_fn.reference_policy_kl_penalty > 0 and cfg.loss_fn.reference_model.update_interval > 0:
+        problems.append(Problem("loss_fn.reference_model.update_interval", "a moving reference with LoRA is not "
+                                "built (the reference is the base model with the adapters off); set it to 0"))
+    if not cfg.checkpointing.save_state and cfg.checkpointing.enabled:
+        problems.append(Problem("checkpointing.save_state", "a LoRA run resumes from its adapters' DCP state; the "
+                                "HF folder holds merged weights the adapters cannot be recovered from; set it to true"))
     return problems
 
 

@@ -20,6 +20,7 @@ from dockyard.config.schema import MasterConfig
 from dockyard.config.topology import mesh_line
 from dockyard.distributed import WorldInfo
 from dockyard.models import DTYPES, load_causal_lm
+from dockyard.policy.lora import LoraSetupError, add_adapters, merged_weights
 from dockyard.policy.tensor_parallel import (TensorParallelError, VocabShard, apply_tensor_parallel, clip_gradients,
                                              quiet_tensor_parallel_warnings, sum_partial_gradients, token_logprobs,
                                              vocab_shard)
@@ -137,6 +138,11 @@ class DTensorPolicy:
         policy = config.policy
         self.temperature = policy.generation.temperature or 1.0
         self.model = load_causal_lm(model_path or policy.model_name, dtype=torch.float32).to(device)
+        if policy.lora.enabled and trainable:
+            try:
+                add_adapters(self.model, policy.lora, model_path or policy.model_name)
+            except LoraSetupError as err:
+                raise PolicySetupError(str(err)) from None
         if policy.dtensor_cfg.activation_checkpointing and trainable:
             self.model.gradient_checkpointing_enable()
         # names of the state dict that alias another entry (lm_head.weight of a tied embedding)
@@ -181,7 +187,8 @@ class DTensorPolicy:
         self.optimizer = self.scheduler = None
         if trainable:
             # TP-split and plain weights live on different meshes, which foreach kernels cannot mix
-            self.optimizer = build_optimizer(policy.optimizer, self.model.parameters(), foreach=False if tp > 1 else None)
+            self.optimizer = build_optimizer(policy.optimizer, self.trainable_parameters(),
+                                             foreach=False if tp > 1 else None)
             sched = policy.scheduler
             self.scheduler = torch.optim.lr_scheduler.LambdaLR(
                 self.optimizer, lambda step: lr_factor(step, sched.warmup_steps, total_optimizer_steps,
@@ -362,9 +369,9 @@ class DTensorPolicy:
         max_norm = policy.max_grad_norm if policy.max_grad_norm > 0 else float("inf")
         if self.tp_group is not None:
             sum_partial_gradients(self.partial_grad, self.tp_group)
-            grad_norm = clip_gradients(list(self.model.parameters()), max_norm)
+            grad_norm = clip_gradients(self.trainable_parameters(), max_norm)
         else:
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), max_norm)
             grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
         self.optimizer.step()
         self.scheduler.step()
@@ -373,6 +380,10 @@ class DTensorPolicy:
         for index, name in enumerate(sorted(sums), start=1):
             result[name] = float(reduced[index]) / max(total_tokens, 1.0)
         return result
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """Every weight, or only the LoRA adapters' (policy.lora)."""
+        return [p for p in self.model.parameters() if p.requires_grad]
 
     def _sum_over_data(self, values: list[float]) -> torch.Tensor:
         """Sum over the data-parallel ranks (the ranks of a TP group hold the same samples and figures)."""
@@ -398,6 +409,7 @@ class DTensorPolicy:
             local = self.full_state_dict()
         if not self.world.is_main:
             return {}
+        local = merged_weights(self.model, local)   # a LoRA model's servers serve base + adapters
         return {name: tensor.detach().to(dtype) for name, tensor in local.items() if name not in self.alias_names}
 
     def copy_weights_from(self, other: "DTensorPolicy") -> None:

@@ -110,7 +110,6 @@ def test_log_level_reaches_the_embedded_engine_and_the_server_backends(tiny_mode
 GATED = {
     "policy.megatron_cfg.": ("policy.backend=megatron policy.megatron_cfg={}", "policy.backend"),
     "policy.jax_cfg": ("policy.backend=jax policy.jax_cfg={}", "policy.backend"),
-    "policy.lora.": ("policy.lora.enabled=true", "policy.lora.enabled"),
     "policy.generation.router.": ("policy.generation.router.proxy_timeout_s=5", "policy.generation.router"),
     "grpo.rollout_data_path": ("grpo.run_mode=train_only", "grpo.run_mode"),
     "data_plane.": ("+data_plane.buffer_size=8", "data_plane"),
