@@ -138,6 +138,7 @@ class DTensorPolicy:
         policy = config.policy
         self.temperature = policy.generation.temperature or 1.0
         self.model = load_causal_lm(model_path or policy.model_name, dtype=torch.float32).to(device)
+        _without_dropout(self.model)
         if policy.lora.enabled and trainable:
             try:
                 add_adapters(self.model, policy.lora, model_path or policy.model_name)
@@ -327,6 +328,15 @@ class DTensorPolicy:
         `interrupt` (a collective every rank calls before each micro-batch) may end the mini-batch
         before its optimizer step: gradients are dropped, weights and optimizer are untouched, and
         TrainingInterrupted is raised."""
+        # training mode: transformers' decoder layers recompute activations (activation_checkpointing)
+        # only then; dropout is off whatever the mode (_without_dropout)
+        self.model.train()
+        try:
+            return self._train_mini_batch(samples, old_logprobs, ref_logprobs, loss_fn, interrupt, before_loss)
+        finally:
+            self.model.eval()
+
+    def _train_mini_batch(self, samples, old_logprobs, ref_logprobs, loss_fn, interrupt, before_loss):
         policy, loss_cfg = self.config.policy, self.config.loss_fn
         masks = [s.response_mask() for s in samples]
         totals = self._sum_over_data([float(sum(m.sum() for m in masks)), float(len(samples))])
@@ -421,6 +431,20 @@ class DTensorPolicy:
             for mine, theirs in zip(self.model.parameters(), other.model.parameters()):
                 local = mine.to_local() if hasattr(mine, "to_local") else mine
                 local.copy_(theirs.to_local() if hasattr(theirs, "to_local") else theirs)
+
+
+def _without_dropout(model: torch.nn.Module) -> None:
+    """Dropout off for good: the trainer's logprobs must be those of the policy the servers sample
+    from (no dropout there), in training mode too."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    for name in ("attention_dropout", "hidden_dropout", "dropout"):
+        if isinstance(getattr(model.config, name, None), float):
+            setattr(model.config, name, 0.0)
+    for module in model.modules():   # attention layers copy the rate from the config when they are built
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
 
 
 def _advantages(samples: list[Sample], shape: torch.Size) -> torch.Tensor:

@@ -1,10 +1,12 @@
-"""policy.dtensor_cfg.activation_checkpointing recomputes the decoder layers' activations in backward:
-the same gradients, and far fewer bytes kept for backward (measured with autograd's saved-tensor hooks)."""
+"""policy.dtensor_cfg.activation_checkpointing recomputes the decoder layers' activations in backward
+of the policy's own training step: the same gradients, and far fewer bytes kept for backward
+(measured with autograd's saved-tensor hooks)."""
 
 import torch
 
 from dockyard.config import load_config
-from dockyard.policy.dtensor import DTensorPolicy
+from dockyard import registry
+from dockyard.policy.dtensor import DTensorPolicy, Sample
 
 
 def gradients_and_saved_bytes(world, tiny_model, checkpointing: bool):
@@ -13,17 +15,19 @@ def gradients_and_saved_bytes(world, tiny_model, checkpointing: bool):
                       ).config
     torch.manual_seed(0)
     policy = DTensorPolicy(cfg, world, torch.device("cpu"), total_optimizer_steps=1)
-    policy.model.train()
+    loss = registry.build("loss", cfg.loss_fn.name, config=cfg.loss_fn)
+    generator = torch.Generator().manual_seed(0)
+    samples = [Sample(token_ids=torch.randint(3, 500, (96,), generator=generator).tolist(), prompt_length=16,
+                      advantage=advantage) for advantage in (1.0, -0.5, 0.25, -1.0)]
     saved = []
 
     def pack(tensor):
         saved.append(tensor.numel() * tensor.element_size())
         return tensor
 
-    ids = torch.randint(3, 500, (4, 96))
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        loss = policy.model(input_ids=ids, labels=ids).loss
-    loss.backward()
+        policy.train_mini_batch(samples, None, None, loss)
+    assert not policy.model.training   # back in eval mode for logprobs
     grads = {name: p.grad.full_tensor().clone() for name, p in policy.model.named_parameters()}
     return grads, sum(saved)
 
