@@ -29,15 +29,20 @@ def sacct_nodes(job_id: str) -> dict[str, str]:
 
 
 def test_grpo_tiny_runs_as_a_het_job_on_three_nodes(slurm_cluster, tmp_path, tiny_model):
-    result = run_submit(tmp_path, tiny_model, "--nodes", "3", "--wait", timeout=600)
+    """The two trainer ranks form one tensor-parallel group across two nodes, as the plan says."""
+    result = run_submit(tmp_path, tiny_model, "--nodes", "3", "--wait", "policy.dtensor_cfg.tensor_parallel_size=2",
+                        timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     job = job_id_of(result.stdout)
+    planned = re.search(r"^trainer mesh: .*$", result.stdout, re.MULTILINE)
+    assert planned and "1 data-parallel x 2 tensor-parallel" in planned.group(0), result.stdout
     assert "COMPLETED" in result.stderr and "finished" in result.stderr
     # trainer ranks on two nodes, the engine on the third, as Slurm placed them
     nodes = sacct_nodes(job)
     assert nodes[f"{job}+0"] == "node[1-2]" and nodes[f"{job}+1"] == "node3", nodes
     folder = tmp_path / "slurm"
     assert "trainer rank 0/2 on node1" in (folder / f"{job}_0_log.err").read_text()
+    assert f"dockyard: {planned.group(0)}" in (folder / f"{job}_0_log.err").read_text()
     assert "trainer rank 1/2 on node2" in (folder / f"{job}_1_log.err").read_text()
     server_log = folder / f"{job}.0_rollout0_node3.log"
     assert "serving on 0.0.0.0" in server_log.read_text()

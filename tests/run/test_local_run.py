@@ -247,18 +247,51 @@ def test_a_dead_component_ends_the_run_naming_it(tiny_model, tmp_path, victim, n
 
 
 def test_unsupported_features_and_missing_model_are_refused_before_starting(tmp_path):
-    result = run(tmp_path, tmp_path / "no-model", "policy.lora.enabled=true", "policy.backend=megatron",
+    result = run(tmp_path, tmp_path / "no-model", "policy.dtensor_cfg.context_parallel_size=2", "policy.backend=megatron",
                  "generation=vllm", "policy.generation.allow_multimodal_inputs=true",
                  "+policy.megatron_cfg.bf16=false", "loss_fn.reference_policy_kl_penalty=0.1",
                  "loss_fn.reference_model.hf_path=/no/reference")
     assert result.returncode == 2
-    assert "policy.lora.enabled: not supported by the GRPO loop in this version" in result.stdout
+    assert "policy.dtensor_cfg.context_parallel_size: not supported by the GRPO loop in this version" in result.stdout
     assert "policy.generation.allow_multimodal_inputs: the GRPO loop does not train on image inputs" in result.stdout
     assert "loss_fn.reference_model.hf_path: no model folder at" in result.stdout
     assert "policy.backend: policy_backend 'megatron' is not available in this version" in result.stdout
     assert "policy.model_name: no model folder at" in result.stdout and "make_tiny_model.py" in result.stdout
     assert "Traceback" not in result.stdout
     assert not (tmp_path / "runs").exists()
+
+
+def test_tensor_parallel_run_builds_the_mesh_the_dry_run_plans(tiny_model, tmp_path):
+    overrides = (f"models_dir={tiny_model.parent}", "policy.dtensor_cfg.tensor_parallel_size=2")
+    plan = subprocess.run([sys.executable, "-c", "import sys; from dockyard.cli import submit_main; "
+                           "sys.exit(submit_main())", "--config", "grpo_tiny.yaml", "--nodes", "3", "--dry-run",
+                           *overrides], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    planned = [line for line in plan.stdout.splitlines() if line.startswith("trainer mesh: ")]
+    assert planned == ["trainer mesh: 2 rank(s) = 1 data-parallel x 2 tensor-parallel (FSDP shards over "
+                       "data-parallel; each tensor-parallel group is 2 neighbouring ranks)"], plan.stdout + plan.stderr
+    result = run(tmp_path, tiny_model, "grpo.max_num_steps=2", "checkpointing.save_period=2", *overrides[1:])
+    assert result.returncode == 0, result.stdout
+    assert f"dockyard: {planned[0]}" in result.stdout
+    assert "step 2:" in result.stdout and "While redistributing" not in result.stdout
+    assert sorted(final_weights(tmp_path, 2)) == sorted(load_file(str(tiny_model / "model.safetensors")))
+
+
+def test_a_lora_run_trains_adapters_against_the_base_model_and_exports_the_merged_model(tiny_model, tmp_path):
+    result = run(tmp_path, tiny_model, "policy.lora.enabled=true", "policy.optimizer.lr=1e-2", "grpo.max_num_steps=2",
+                 "checkpointing.save_period=2", "checkpointing.export_hf=true",
+                 "loss_fn.reference_policy_kl_penalty=0.01", f"loss_fn.reference_model.hf_path={tiny_model}",
+                 "loss_fn.entropy_coef=0.01")   # a gradient even when every reward is 0
+    assert result.returncode == 0, result.stdout
+    rows = [json.loads(line) for line in (tmp_path / "runs/grpo_tiny/logs/metrics.jsonl").read_text().splitlines()]
+    # step 1 trains from the base model (B = 0): no KL yet; step 2's adapters moved away from it
+    assert [row["step"] for row in rows] == [1, 2] and rows[0]["train/kl_ref"] == 0 < rows[1]["train/kl_ref"]
+    step = tmp_path / "runs" / "grpo_tiny" / "checkpoints" / "step_2"
+    assert json.loads((step / "trainer_state.json").read_text())["contents"]["adapters_only"] is True
+    exported, initial = load_file(str(step / "hf" / "model.safetensors")), load_file(str(tiny_model / "model.safetensors"))
+    assert set(exported) == set(initial)
+    adapted = {n for n in initial if any(m in n for m in ("q_proj", "k_proj", "v_proj", "o_proj"))}
+    assert all(torch.equal(exported[n], initial[n]) for n in set(initial) - adapted)
+    assert any(not torch.equal(exported[n], initial[n]) for n in adapted)
 
 
 def test_grpo_tiny_runs_with_the_identical_reward_filter(tiny_model, tmp_path):

@@ -24,9 +24,14 @@ class DynamicBatching(Section):
 
 
 class DTensorConfig(Section):
-    tensor_parallel_size: PositiveInt = field(1, "Tensor-parallel degree (TP).",
-                                              "Trainer ranks must be divisible by TP x CP.")
-    context_parallel_size: PositiveInt = field(1, "Context-parallel degree (CP, sequence sharding).")
+    tensor_parallel_size: PositiveInt = field(1, "Tensor-parallel degree (TP): each decoder layer split over TP "
+                                              "neighbouring ranks by the architecture's transformers TP plan, the "
+                                              "embedding and LM head over the vocabulary; FSDP shards over the rest "
+                                              "(docs/parallelism.md).",
+                                              "Trainer ranks must be divisible by TP x CP; the model's heads and "
+                                              "MLP width by TP.")
+    context_parallel_size: PositiveInt = field(1, "Context-parallel degree (CP, sequence sharding).",
+                                               "Not built: refused when above 1.")
     cpu_offload: bool = field(False, "Offload sharded parameters, gradients and optimizer state to CPU memory "
                               "(FSDP2 CPUOffloadPolicy; the optimizer steps on the CPU).", "GPU runs only.")
     activation_checkpointing: bool = field(False, "Recompute activations in backward to save memory.")
