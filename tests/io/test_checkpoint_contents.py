@@ -72,7 +72,8 @@ def test_save_state_false_keeps_only_the_hf_folder_and_resumes_from_it_exactly(t
     assert not (step / "dcp").exists() and (step / "hf" / "model.safetensors").is_file()
     assert (tmp_path / "ckpt" / "hf").resolve() == (step / "hf").resolve()
     held = json.loads((step / "trainer_state.json").read_text())["contents"]
-    assert held == {"dcp": False, "optimizer": False, "hf": True, "model": str(model_dir.resolve())}
+    assert held == {"dcp": False, "optimizer": False, "hf": True, "model": str(model_dir.resolve()),
+                    "adapters_only": False}
     restored, _, state = resume(manager, model_dir)
     assert same_weights(model, restored)
     assert state["not_restored"] == ["the optimizer state (saved with save_state: false): its moments restart "
