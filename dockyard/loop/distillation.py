@@ -63,6 +63,10 @@ class OnPolicyDistillationTrainer(AsyncGRPOTrainer):
             clients[name] = generators[0] if len(generators) == 1 else GeneratorFleet(generators, f"teacher {name}")
         return clients
 
+    def server_clients(self) -> list:
+        teachers = [getattr(client, "replicas", [client]) for client in self.scorer.teachers.values()]
+        return super().server_clients() + [replica for replicas in teachers for replica in replicas]
+
     # --- the step -----------------------------------------------------------------------------
 
     def payload(self, kept: list, metrics: dict):

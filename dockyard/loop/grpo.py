@@ -36,6 +36,7 @@ from dockyard.distributed import backend_for
 from dockyard.generation.engine import SamplingParams
 from dockyard.generation.fleet import GeneratorFleet
 from dockyard.generation.generator import GenerationServerError
+from dockyard.generation.health import wait_until_healthy
 from dockyard.generation.weight_transfer import FleetRefit, log_stderr
 from dockyard.algorithms.reward_transforms import sequence_kl
 from dockyard.io.checkpoint import (CheckpointLoadError, CheckpointManager, load_model_weights, rng_state,
@@ -244,6 +245,10 @@ class GRPOTrainer:
         timeout = self.cfg.grpo.sampler.rollout_timeout_s
         return GeneratorFleet([server.client(r["url"], r["name"], r.get("log"), request_timeout_s=timeout)
                                for r in replicas])
+
+    def server_clients(self) -> list:
+        """Rank 0's client of every server it talks to."""
+        return list(self.client.replicas)
 
     def _broadcast(self, payload):
         if self.world.world_size == 1:
@@ -545,6 +550,8 @@ class GRPOTrainer:
             gpus = GpuMonitor()
             if not gpus.available:
                 print(f"dockyard: no GPU figures in the metrics: {gpus.reason}", file=sys.stderr, flush=True)
+        if self.world.is_main:   # `dockyard run` starts the servers beside the ranks
+            wait_until_healthy(self.server_clients(), float(os.environ.get("DOCKYARD_SERVER_START_TIMEOUT_S", 120)))
         try:
             self._run_steps(start, logger, gpus)
         finally:
@@ -608,6 +615,20 @@ def lora_base_is_reference(cfg: MasterConfig) -> bool:
         source.hf_path is None or Path(source.hf_path).resolve() == Path(cfg.policy.model_name).resolve())
 
 
+def loop_for(cfg: MasterConfig) -> type[GRPOTrainer]:
+    """The trainer class of the config's loop; each loop lives in its own module."""
+    if cfg.sft is not None:
+        from dockyard.loop.sft import SFTTrainer
+        return SFTTrainer
+    if cfg.grpo.adv_estimator.name == "opd":
+        from dockyard.loop.distillation import OnPolicyDistillationTrainer
+        return OnPolicyDistillationTrainer
+    if cfg.grpo.async_grpo.enabled:
+        from dockyard.loop.async_grpo import AsyncGRPOTrainer
+        return AsyncGRPOTrainer
+    return GRPOTrainer
+
+
 def main(stopper: "stopping.StopRequests | None" = None) -> int:
     config_path = os.environ["DOCKYARD_CONFIG"]
     try:
@@ -630,16 +651,8 @@ def main(stopper: "stopping.StopRequests | None" = None) -> int:
         stopper.device = device
     world = init_trainer_world(device, timeout_s=float(os.environ.get("DOCKYARD_COLLECTIVE_TIMEOUT_S", 1800)),
                                model_parallel_size=cfg.policy.dtensor_cfg.tensor_parallel_size)
-    trainer_class = GRPOTrainer
-    # each loop in its own module
-    if cfg.sft is not None:
-        from dockyard.loop.sft import SFTTrainer as trainer_class
-    elif cfg.grpo.adv_estimator.name == "opd":
-        from dockyard.loop.distillation import OnPolicyDistillationTrainer as trainer_class
-    elif cfg.grpo.async_grpo.enabled:
-        from dockyard.loop.async_grpo import AsyncGRPOTrainer as trainer_class
     try:
-        trainer = trainer_class(cfg, world, device, json.loads(os.environ.get("DOCKYARD_REPLICAS", "[]")),
+        trainer = loop_for(cfg)(cfg, world, device, json.loads(os.environ.get("DOCKYARD_REPLICAS", "[]")),
                                 int(os.environ.get("DOCKYARD_WEIGHT_SYNC_PORT", 0)))
         if stopper is not None:
             trainer.stopper = stopper

@@ -2,10 +2,11 @@
 
 Starts the generation servers (topology.rollout_replicas of them; cluster.rollout.tasks_per_node=2
 starts two, each bound to its own cores) and, for on-policy distillation, a server per teacher
-(loop/teachers.py) as processes of their own, waits for /health, then starts
-the trainer ranks as torch.distributed processes and watches all of them: if any dies, or a server
-stops answering /health, the others are stopped and the run ends with a message naming the process
-and its log file. No hang.
+(loop/teachers.py) as processes of their own, and the trainer ranks as torch.distributed processes at
+the same time: the ranks load the model while the servers load theirs, and rank 0 waits for /health
+before its first refit. The driver watches all of them: if any dies, a server does not answer /health
+within ENGINE_HEALTH_TIMEOUT_S of its start, or stops answering it later, the others are stopped and
+the run ends with a message naming the process and its log file. No hang.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from dockyard import registry
 from dockyard.config import topology
 from dockyard.config.loader import LoadedConfig, import_folders
 from dockyard.distributed import free_port
-from dockyard.generation.generator import GenerationServerError
 from dockyard.generation.health import HealthProbe
 from dockyard.config.topology import teacher_servers
 from dockyard.loop.teachers import teacher_model_folder
@@ -55,10 +55,11 @@ class Terminated(Exception):
 class GracefulStop:
     """Ctrl-C, SIGTERM or SIGHUP: the first asks the trainer ranks to save at their next safe point and
     exit (a SIGTERM to each, which they handle like a preemption); a second, or one before any rank
-    runs (nothing to save yet), stops everything at once."""
+    can have trained (no rank yet, or a server not yet up: nothing to save), stops everything at once."""
 
     def __init__(self):
         self.ranks: list[Child] = []
+        self.servers_ready = lambda: False
         self.signum: int | None = None
 
     def install(self) -> "GracefulStop":
@@ -67,7 +68,7 @@ class GracefulStop:
         return self
 
     def _handle(self, signum, frame) -> None:
-        if self.signum is not None or not self.ranks:
+        if self.signum is not None or not self.ranks or not self.servers_ready():
             raise Terminated(signum)
         self.signum = signum
         print(f"dockyard run: {signal.Signals(signum).name} received; the trainer saves at its next safe point "
@@ -148,22 +149,20 @@ def run_local(loaded: LoadedConfig) -> int:
             teachers.setdefault(teacher, []).append(entry)
         clients.append(launcher.client(url, name, log))
     count = len(launches)   # every server is watched the same way: a dead or hung one ends the run, named
+    health = HealthProbe(clients, start_timeout_s=ENGINE_HEALTH_TIMEOUT_S)
+    stopping.servers_ready = lambda: all(health.ready)
     try:
         print(f"dockyard run: starting {len(replicas)} {backend} generation server{'s' if len(replicas) > 1 else ''}"
               + (f" and {len(teacher_list)} teacher server{'s' if len(teacher_list) > 1 else ''}" if teacher_list else "")
               + f" (logs: {', '.join(str(launch[2]) for launch in launches)})", file=sys.stderr, flush=True)
-        deadline = time.monotonic() + ENGINE_HEALTH_TIMEOUT_S
-        for client, child in zip(clients, children):
-            try:
-                client.wait_healthy(max(1.0, deadline - time.monotonic()), child.process)
-            except GenerationServerError as err:
-                raise GenerationServerError(f"{err}\n{log_tail(child.log)}") from None
         for rank in range(world_size):
             env = dict(os.environ, **cfg.policy.env_vars, RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port), DOCKYARD_CONFIG=str(config_file),
                        DOCKYARD_REPLICAS=json.dumps(replicas), DOCKYARD_TEACHERS=json.dumps(teachers),
                        DOCKYARD_IMPORT_PATH=import_folders(Path(loaded.source)),
-                       DOCKYARD_THREADS=str(max(1, cores // world_size)))
+                       DOCKYARD_THREADS=str(max(1, cores // world_size)),
+                       # rank 0's own wait for /health; the driver gives up first and names the server
+                       DOCKYARD_SERVER_START_TIMEOUT_S=str(ENGINE_HEALTH_TIMEOUT_S + 60))
             log = None if rank == 0 else log_dir / f"trainer_rank{rank}.log"
             out = None if log is None else open(log, "w")
             with stop_signals_blocked():   # pending, not fatal, until the rank handles them
@@ -175,15 +174,12 @@ def run_local(loaded: LoadedConfig) -> int:
             {child.name: {"pid": child.process.pid, "log": str(child.log) if child.log else None}
              for child in children}, indent=2))
         print(f"dockyard run: {world_size} trainer rank(s) started; logs in {log_dir}", file=sys.stderr, flush=True)
-        code = _supervise(children[:count], children[count:], HealthProbe(clients))
+        code = _supervise(children[:count], children[count:], health)
         if stopping.signum is not None and code == 0:
             print(f"dockyard run: stopped; {_last_checkpoint(cfg)}. Run the same command again to resume.",
                   file=sys.stderr)
             return 128 + stopping.signum
         return code
-    except GenerationServerError as err:
-        print(f"dockyard run: {err}", file=sys.stderr)
-        return 3
     except Terminated as stop:
         print(f"dockyard run: {stop.name} received; stopping every process at once; {_last_checkpoint(cfg)}",
               file=sys.stderr)
@@ -191,6 +187,8 @@ def run_local(loaded: LoadedConfig) -> int:
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(signum, signal.SIG_IGN)  # a repeated kill must not cut the stopping short
+        if not all(health.ready):   # rank 0 waits for every server before step 1: nothing to save
+            stop_processes((child.process for child in children[count:]), 0)
         _stop(children)
         for client in clients:
             client.close()
@@ -227,10 +225,11 @@ def _supervise(servers: list[Child], ranks: list[Child], health: HealthProbe) ->
                     print(f"dockyard run: {child.describe()} exited with status {code}", file=sys.stderr)
                     return code
             return 0
-        for server in servers:
+        for index, server in enumerate(servers):
             if server.process.poll() is not None:
+                when = "during the run" if health.ready[index] else "before it answered /health"
                 print(f"dockyard run: {server.describe()} exited with status {server.process.returncode} "
-                      f"during the run; stopping the trainer\n{log_tail(server.log)}", file=sys.stderr)
+                      f"{when}; stopping the trainer\n{log_tail(server.log)}", file=sys.stderr)
                 return 3
         hung = health.hung()
         if hung is not None:
