@@ -82,6 +82,10 @@ def single_rank_world():
 
     from dockyard.distributed import WorldInfo, free_port
 
+    if dist.is_initialized():   # a module's in-process loop world (tests/run/conftest.py: loop_run)
+        assert dist.get_world_size() == 1
+        yield WorldInfo(0, 1, 0)
+        return
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
                             timeout=timedelta(seconds=60))
     yield WorldInfo(0, 1, 0)

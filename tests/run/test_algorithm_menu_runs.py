@@ -1,5 +1,6 @@
-"""grpo_tiny end to end (2 trainer ranks + engine) with each policy loss, off-policy safeguard, reward
-transform and sampling option switched on: the option reaches the trainer and the run completes."""
+"""grpo_tiny end to end (one trainer rank in this process + an engine server, tests/run/in_process.py)
+with each policy loss, off-policy safeguard, reward transform and sampling option switched on: the
+option reaches the trainer and the run completes."""
 
 import json
 
@@ -41,12 +42,9 @@ OPTIONS = {
 
 
 @pytest.mark.parametrize("name", list(OPTIONS))
-def test_grpo_tiny_runs_with(name, tmp_path, tiny_model):
+def test_grpo_tiny_runs_with(name, tmp_path, loop_run):
     (tmp_path / "user_rewards.py").write_text(USER_REWARDS)
-    result = run(tmp_path, tiny_model, "grpo.max_num_steps=2", "checkpointing.enabled=false", *OPTIONS[name])
-    assert result.returncode == 0, result.stdout[-3000:]
-    lines = [json.loads(line) for line in
-             (tmp_path / "runs" / "grpo_tiny" / "logs" / "metrics.jsonl").read_text().splitlines()]
+    lines = loop_run(tmp_path, "grpo.max_num_steps=2", "checkpointing.enabled=false", *OPTIONS[name]).metrics()
     assert [m["step"] for m in lines] == [1, 2]
     assert all(isinstance(m["train/loss"], float) for m in lines)
     if any(key.startswith(("loss_fn.is_correction", "loss_fn.m2po", "loss_fn.opsm")) for key in OPTIONS[name]):
@@ -94,32 +92,26 @@ class FlakyMathAnswer(MathAnswer):
 """
 
 
-def test_a_user_reward_from_imports_that_crashes_is_retried_and_filtered(tmp_path, tiny_model):
+def test_a_user_reward_from_imports_that_crashes_is_retried_and_filtered(tmp_path, loop_run):
     (tmp_path / "user_rewards.py").write_text(USER_REWARDS)
-    result = run(tmp_path, tiny_model, "grpo.max_num_steps=2", "checkpointing.enabled=false", "grpo.retry_limit=2",
-                 "imports=[user_rewards]", "env.reward={name:flaky_math_answer}")
-    assert result.returncode == 0, result.stdout[-3000:]
-    lines = [json.loads(line) for line in
-             (tmp_path / "runs" / "grpo_tiny" / "logs" / "metrics.jsonl").read_text().splitlines()]
+    result = loop_run(tmp_path, "grpo.max_num_steps=2", "checkpointing.enabled=false", "grpo.retry_limit=2",
+                      "imports=[user_rewards]", "env.reward={name:flaky_math_answer}")
+    lines = result.metrics()
     assert sum(m["sampling/retried_trajectories"] for m in lines) > 0
     assert all(m["sampling/dropped_status"] == m["sampling/groups_sampled"] - m["sampling/groups_kept"] for m in lines)
     if any(m["sampling/failed_trajectories"] for m in lines):
-        assert "FAILED after 2 attempt(s)" in result.stdout
+        assert "FAILED after 2 attempt(s)" in result.output
 
 
-def test_the_reference_can_come_from_a_saved_checkpoint(tmp_path, tiny_model):
+def test_the_reference_can_come_from_a_saved_checkpoint(tmp_path, loop_run):
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "user_rewards.py").write_text(USER_REWARDS)
     # a reward the tiny model earns sometimes, so the saved policy differs from the initial one
-    first = run(tmp_path / "a", tiny_model, "grpo.max_num_steps=2", "imports=[user_rewards]",
-                "env.reward={name:coin_reward}")
-    assert first.returncode == 0, first.stdout[-3000:]
+    loop_run(tmp_path / "a", "grpo.max_num_steps=2", "imports=[user_rewards]", "env.reward={name:coin_reward}")
     saved = tmp_path / "a" / "runs" / "grpo_tiny" / "checkpoints" / "step_2"
-    result = run(tmp_path / "b", tiny_model, "grpo.max_num_steps=1", "checkpointing.enabled=false",
-                 "loss_fn.reference_policy_kl_penalty=0.05", f"loss_fn.reference_model.checkpoint_path={saved}",
-                 "loss_fn.reference_model.hf_path=${policy.model_name}")
-    assert result.returncode == 0, result.stdout[-3000:]
-    [line] = [json.loads(x) for x in (tmp_path / "b/runs/grpo_tiny/logs/metrics.jsonl").read_text().splitlines()]
+    [line] = loop_run(tmp_path / "b", "grpo.max_num_steps=1", "checkpointing.enabled=false",
+                      "loss_fn.reference_policy_kl_penalty=0.05", f"loss_fn.reference_model.checkpoint_path={saved}",
+                      "loss_fn.reference_model.hf_path=${policy.model_name}").metrics()
     # at step 1 the policy is the initial model: a KL above zero means the reference holds the trained weights
     assert line["train/kl_ref"] > 1e-6
 

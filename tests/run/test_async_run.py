@@ -1,5 +1,5 @@
-"""`dockyard run` with the async loop (grpo.async_grpo.enabled) on grpo_tiny: 2 trainer ranks and an
-embedded engine that samples ahead of training."""
+"""The async loop (grpo.async_grpo.enabled) on grpo_tiny: `dockyard run` with 2 trainer ranks and an
+embedded engine that samples ahead of training, and its options in this process (loop_run)."""
 
 import json
 
@@ -16,15 +16,26 @@ def rows_of(workdir):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-@pytest.mark.parametrize("extra", [(), ("grpo.async_grpo.partial_rollout=true",
-                                        "grpo.async_grpo.mask_offpolicy_in_partial_rollout=true",
-                                        "grpo.async_grpo.sliding_window=windowed-fifo")])
-def test_async_run_trains_within_the_lag_bound_and_logs_the_pipeline(tiny_model, tmp_path, extra):
-    result = run(tmp_path, tiny_model, *ASYNC, *extra, "grpo.max_num_steps=5", "grpo.val_at_start=true",
-                 "grpo.val_period=5", "data.validation={name: v, shuffle: false, generator: {name: basic_arithmetic, "
-                 "size: 8, seed: 5, min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1}}")
+VALIDATION = ("grpo.max_num_steps=5", "grpo.val_at_start=true", "grpo.val_period=5",
+              "data.validation={name: v, shuffle: false, generator: {name: basic_arithmetic, "
+              "size: 8, seed: 5, min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1}}")
+PARTIAL = ("grpo.async_grpo.partial_rollout=true", "grpo.async_grpo.mask_offpolicy_in_partial_rollout=true",
+           "grpo.async_grpo.sliding_window=windowed-fifo")
+
+
+def test_async_run_trains_within_the_lag_bound_and_logs_the_pipeline(tiny_model, tmp_path):
+    result = run(tmp_path, tiny_model, *ASYNC, *VALIDATION)
     assert result.returncode == 0, result.stdout
-    rows = rows_of(tmp_path)
+    check_pipeline(tmp_path)
+
+
+def test_partial_rollouts_in_a_sliding_window_train_within_the_lag_bound(loop_run, tmp_path):
+    loop_run(tmp_path, *ASYNC, *PARTIAL, *VALIDATION)
+    check_pipeline(tmp_path)
+
+
+def check_pipeline(workdir):
+    rows = rows_of(workdir)
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4, 5]
     train = rows[1:]
     for r in train:
@@ -41,7 +52,7 @@ def test_async_run_trains_within_the_lag_bound_and_logs_the_pipeline(tiny_model,
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(tmp_path / "runs" / "grpo_tiny" / "logs" / "tensorboard"))
+    events = EventAccumulator(str(workdir / "runs" / "grpo_tiny" / "logs" / "tensorboard"))
     events.Reload()
     assert "async/lag" in events.Tags()["histograms"]
     assert "async/trainer_idle_seconds" in events.Tags()["scalars"]

@@ -1,4 +1,5 @@
-"""`dockyard run` end to end: 2 trainer ranks over gloo and one engine server process."""
+"""`dockyard run` end to end: 2 trainer ranks over gloo and one engine server process. What a setting
+does to the loop is tested in this process (loop_run, tests/run/in_process.py)."""
 
 import json
 import os
@@ -60,6 +61,7 @@ def test_grpo_tiny_trains_and_writes_tensorboard_metrics_and_a_checkpoint(straig
     lines = [json.loads(line) for line in (logs / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [1, 2, 3, 4]
     assert "step 4:" in result.stdout and "eta" in result.stdout  # console summary and progress bar
+    assert "HTTP Request:" not in result.stdout   # logger.log_level INFO: no line per generation request
     checkpoints = workdir / "runs" / "grpo_tiny" / "checkpoints"
     assert (checkpoints / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
     assert sorted(p.name for p in checkpoints.glob("step_*")) == ["step_2", "step_4"]
@@ -97,24 +99,19 @@ def test_save_state_false_resumes_both_ranks_from_the_hf_weights_and_says_what_i
     assert (step_2.parent / "step_3" / "hf" / "model.safetensors").is_file()
 
 
-def test_max_num_epochs_ends_the_run_after_the_last_pass_and_preflight_says_when(tiny_model, tmp_path):
-    result = run(tmp_path, tiny_model, "grpo.max_num_epochs=1", "grpo.max_num_steps=10",
-                 "data.datasets.0.generator.size=8")
-    assert result.returncode == 0, result.stdout
-    assert "grpo.max_num_epochs=1 ends the run after about step 2 of grpo.max_num_steps=10" in result.stdout
-    assert "passed over 1 time(s) (grpo.max_num_epochs=1); ending after step 2" in result.stdout
-    assert "HTTP Request:" not in result.stdout   # logger.log_level INFO: no line per generation request
+def test_max_num_epochs_ends_the_run_after_the_last_pass_and_preflight_says_when(loop_run, tmp_path):
+    result = loop_run(tmp_path, "grpo.max_num_epochs=1", "grpo.max_num_steps=10", "data.datasets.0.generator.size=8")
+    assert "grpo.max_num_epochs=1 ends the run after about step 2 of grpo.max_num_steps=10" in result.output
+    assert "passed over 1 time(s) (grpo.max_num_epochs=1); ending after step 2" in result.output
     logs = tmp_path / "runs" / "grpo_tiny"
     assert [json.loads(line)["step"] for line in (logs / "logs" / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     assert (logs / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
 
 
-def test_long_prompts_are_skipped_and_every_trajectory_is_dumped(tiny_model, tmp_path):
+def test_long_prompts_are_skipped_and_every_trajectory_is_dumped(loop_run, tmp_path):
     # grpo_tiny's prompts render to 22-36 tokens with the tiny tokenizer; 116 of its 256 are over 23
-    result = run(tmp_path, tiny_model, "grpo.max_num_steps=2", "data.max_input_seq_length=23",
-                 "env.dump_trajectory_path=dump")
-    assert result.returncode == 0, result.stdout
-    assert "skipping a prompt of" in result.stdout and "(longer than 23: data.max_input_seq_length" in result.stdout
+    result = loop_run(tmp_path, "grpo.max_num_steps=2", "data.max_input_seq_length=23", "env.dump_trajectory_path=dump")
+    assert "skipping a prompt of" in result.output and "(longer than 23: data.max_input_seq_length" in result.output
     for step in (1, 2):
         rows = [json.loads(line) for line in (tmp_path / "dump" / f"train_step_{step}.jsonl").read_text().splitlines()]
         assert len(rows) == 16   # 4 prompts x 4 samples
@@ -122,16 +119,14 @@ def test_long_prompts_are_skipped_and_every_trajectory_is_dumped(tiny_model, tmp
         assert {"prompt", "label", "response", "raw_reward", "reward", "status", "seed"} <= set(rows[0])
 
 
-def test_a_run_with_all_four_loggers_writes_what_each_ones_reader_reads(tiny_model, tmp_path):
+def test_a_run_with_all_four_loggers_writes_what_each_ones_reader_reads(loop_run, tmp_path):
     from mlflow.tracking import MlflowClient
 
     from tests.io.test_loggers import swanlab_scalars, wandb_history
 
-    result = run(tmp_path, tiny_model, "grpo.max_num_steps=2", "logger.wandb_enabled=true",
-                 "logger.wandb.mode=offline", "logger.mlflow_enabled=true",
-                 f"logger.mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db", "logger.swanlab_enabled=true",
-                 "logger.swanlab.mode=offline")
-    assert result.returncode == 0, result.stdout
+    loop_run(tmp_path, "grpo.max_num_steps=2", "logger.wandb_enabled=true", "logger.wandb.mode=offline",
+             "logger.mlflow_enabled=true", f"logger.mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db",
+             "logger.swanlab_enabled=true", "logger.swanlab.mode=offline")
     logs = tmp_path / "runs" / "grpo_tiny" / "logs"
     expected = [json.loads(line)["train/loss"] for line in (logs / "metrics.jsonl").read_text().splitlines()]
     assert [row["train/loss"] for row in wandb_history(logs)] == pytest.approx(expected)
@@ -246,6 +241,23 @@ def test_a_dead_component_ends_the_run_naming_it(tiny_model, tmp_path, victim, n
     assert "log:" in output
 
 
+@pytest.mark.parametrize("overrides,timeout_s,named", [
+    (["+cluster.rollout.env.PYTHONHOME=/nonexistent"], "600", "exited with status 1 before it answered /health"),
+    ([], "2", "did not answer /health within 2 s of its start")])
+def test_a_server_that_does_not_come_up_ends_the_run_naming_it(tiny_model, tmp_path, overrides, timeout_s, named):
+    # the ranks start beside the servers; a server that dies or stays silent while starting still ends
+    # the run, named, with every process stopped
+    process = subprocess.Popen([sys.executable, "-m", "dockyard.cli", "run", "--config", "grpo_tiny.yaml",
+                                f"models_dir={tiny_model.parent}", *overrides], cwd=tmp_path, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True,
+                               env=dict(os.environ, DOCKYARD_ENGINE_HEALTH_TIMEOUT_S=timeout_s))
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 3, output[-3000:]
+    assert "dockyard run: generation server (embedded) " in output and named in output
+    pids = [child["pid"] for child in json.loads((tmp_path / "runs/grpo_tiny/logs/processes.json").read_text()).values()]
+    _reaped(pids)
+
+
 def test_unsupported_features_and_missing_model_are_refused_before_starting(tmp_path):
     result = run(tmp_path, tmp_path / "no-model", "policy.dtensor_cfg.context_parallel_size=2", "policy.backend=megatron",
                  "generation=vllm", "policy.generation.allow_multimodal_inputs=true",
@@ -294,26 +306,23 @@ def test_a_lora_run_trains_adapters_against_the_base_model_and_exports_the_merge
     assert any(not torch.equal(exported[n], initial[n]) for n in adapted)
 
 
-def test_grpo_tiny_runs_with_the_identical_reward_filter(tiny_model, tmp_path):
-    result = run(tmp_path, tiny_model, "grpo.max_num_steps=2", "grpo.filters.identical_reward=true",
-                 "checkpointing.enabled=false")
-    assert result.returncode == 0, result.stdout
-    rows = [json.loads(line) for line in (tmp_path / "runs/grpo_tiny/logs/metrics.jsonl").read_text().splitlines()]
+def test_grpo_tiny_runs_with_the_identical_reward_filter(loop_run, tmp_path):
+    rows = loop_run(tmp_path, "grpo.max_num_steps=2", "grpo.filters.identical_reward=true",
+                    "checkpointing.enabled=false").metrics()
     assert all(0.0 <= row["train/kept_fraction"] <= 1.0 for row in rows)
     assert all(row["sampling/dropped_identical_reward"] == 4 - row["sampling/groups_kept"] for row in rows)
     assert all(row["train/kept_fraction"] == row["sampling/groups_kept"] / 4 for row in rows)
 
 
-def test_validation_accuracy_and_every_answer_are_logged(tiny_model, tmp_path):
+def test_validation_accuracy_and_every_answer_are_logged(loop_run, tmp_path):
     from dockyard.config.schema.data import DatasetConfig
     from dockyard.data.datasets import load_prompts
 
     generator = {"name": "basic_arithmetic", "size": 12, "seed": 99, "min_terms": 2, "max_terms": 2,
                  "min_digits": 1, "max_digits": 1}
     held_out = "{name: held_out, shuffle: false, generator: {" + ", ".join(f"{k}: {v}" for k, v in generator.items()) + "}}"
-    result = run(tmp_path, tiny_model, "grpo.max_num_steps=2", "checkpointing.enabled=false", "grpo.val_at_start=true",
-                 "grpo.val_period=2", f"data.validation={held_out}")
-    assert result.returncode == 0, result.stdout
+    loop_run(tmp_path, "grpo.max_num_steps=2", "checkpointing.enabled=false", "grpo.val_at_start=true",
+             "grpo.val_period=2", f"data.validation={held_out}")
     logs = tmp_path / "runs" / "grpo_tiny" / "logs"
     metrics = {line["step"]: line for line in map(json.loads, (logs / "metrics.jsonl").read_text().splitlines())}
     assert sorted(metrics) == [0, 1, 2] and "val/accuracy" not in metrics[1]
@@ -327,16 +336,15 @@ def test_validation_accuracy_and_every_answer_are_logged(tiny_model, tmp_path):
     assert not (logs / "validation" / "step_1.jsonl").exists()
 
 
-def test_validation_samples_at_eval_temperature(tiny_model, tmp_path):
+def test_validation_samples_at_eval_temperature(loop_run, tmp_path):
     """The shipped configs validate greedily (eval_temperature 0); null reuses the sampling temperature
     (1.0 here), which gives other answers from the same weights."""
     responses = {}
     for value in ("0.0", "null"):
         workdir = tmp_path / value
-        result = run(workdir, tiny_model, "grpo.max_num_steps=1", "checkpointing.enabled=false",
-                     "grpo.val_at_start=true", "grpo.val_period=0", f"policy.generation.eval_temperature={value}",
-                     "data.validation={name: v, shuffle: false, generator: {name: basic_arithmetic, size: 8, seed: 5}}")
-        assert result.returncode == 0, result.stdout[-3000:]
+        loop_run(workdir, "grpo.max_num_steps=1", "checkpointing.enabled=false", "grpo.val_at_start=true",
+                 "grpo.val_period=0", f"policy.generation.eval_temperature={value}",
+                 "data.validation={name: v, shuffle: false, generator: {name: basic_arithmetic, size: 8, seed: 5}}")
         rows = (workdir / "runs" / "grpo_tiny" / "logs" / "validation" / "step_0.jsonl").read_text().splitlines()
         responses[value] = [json.loads(row)["response"] for row in rows]
     assert len(responses["0.0"]) == len(responses["null"]) == 8

@@ -1,5 +1,6 @@
 """SFT: the loss sees assistant tokens only, packing changes no number, and `dockyard run` trains,
-validates (loss and generation accuracy), checkpoints and resumes exactly."""
+validates (loss and generation accuracy), checkpoints and resumes exactly (in this process: loop_run;
+the Slurm SFT template runs it as processes)."""
 
 import json
 
@@ -11,7 +12,7 @@ from dockyard.data.conversations import conversation_tokens
 from dockyard.loop.sft import NextTokenLoss
 from dockyard.models import load_causal_lm, load_tokenizer
 from dockyard.policy.dtensor import DTensorPolicy, Sample
-from tests.run.test_local_run import final_weights, run
+from tests.run.test_local_run import final_weights
 
 CONVERSATIONS = [[{"role": "user", "content": f"{a} + {b} = ?"}, {"role": "assistant", "content": f"{a + b}"},
                   {"role": "user", "content": "times 2?"}, {"role": "assistant", "content": f"{2 * (a + b)}"}]
@@ -59,12 +60,11 @@ def test_sft_loss_is_the_nll_of_assistant_tokens_only_packed_or_not(tiny_model, 
     assert losses[1] == pytest.approx(losses[0], abs=1e-5)
 
 
-def test_sft_run_trains_validates_and_resumes_exactly(tiny_model, tmp_path):
+def test_sft_run_trains_validates_and_resumes_exactly(loop_run, tmp_path):
     straight, split = tmp_path / "straight", tmp_path / "split"
     for folder in (straight, split):
         folder.mkdir()
-    result = run(straight, tiny_model, *sft_overrides(straight))
-    assert result.returncode == 0, result.stdout
+    loop_run(straight, *sft_overrides(straight))
     rows = [json.loads(line) for line in (straight / "runs/grpo_tiny/logs/metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert rows[-1]["train/loss"] < rows[0]["train/loss"]
@@ -74,19 +74,17 @@ def test_sft_run_trains_validates_and_resumes_exactly(tiny_model, tmp_path):
     assert len(answers) == 6 and json.loads(answers[0])["prompt"] == CONVERSATIONS[0][:1]   # asked without the reply
 
     # the same run stopped after step 2 and resumed gives the same weights
-    first = run(split, tiny_model, *sft_overrides(split, "sft.max_num_steps=2"))
-    assert first.returncode == 0, first.stdout
-    second = run(split, tiny_model, *sft_overrides(split))
-    assert second.returncode == 0 and "resumed from" in second.stdout, second.stdout
+    loop_run(split, *sft_overrides(split, "sft.max_num_steps=2"))
+    second = loop_run(split, *sft_overrides(split))
+    assert "resumed from" in second.output, second.output
     a, b = final_weights(straight, 4), final_weights(split, 4)
     for name in a:
         torch.testing.assert_close(a[name], b[name], atol=0, rtol=0)
 
 
-def test_sft_ends_after_its_epochs(tiny_model, tmp_path):
+def test_sft_ends_after_its_epochs(loop_run, tmp_path):
     # 36 conversations, 16 a step: the first epoch ends in step 3
-    result = run(tmp_path, tiny_model, *sft_overrides(tmp_path, "sft={max_num_steps: 50, max_num_epochs: 1, val_period: 0}"))
-    assert result.returncode == 0, result.stdout
+    loop_run(tmp_path, *sft_overrides(tmp_path, "sft={max_num_steps: 50, max_num_epochs: 1, val_period: 0}"))
     rows = [json.loads(line) for line in (tmp_path / "runs/grpo_tiny/logs/metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3] and rows[-1]["data/epoch"] == 1
     assert (tmp_path / "runs/grpo_tiny/checkpoints/step_3").is_dir()
