@@ -11,20 +11,16 @@ from pathlib import Path
 from typing import Iterable
 
 
-def _leads_group(process: subprocess.Popen) -> bool:
-    try:
-        return process.poll() is None and os.getpgid(process.pid) == process.pid
-    except ProcessLookupError:
-        return False
-
-
 def stop_processes(processes: Iterable[subprocess.Popen], grace_s: float) -> None:
     """SIGTERM to every running one, then SIGKILL to those still alive after grace_s. A child that leads
     its own process group (started with start_new_session) is stopped with its whole group: vLLM's
     engine and worker processes outlive a SIGTERM to its API server otherwise (seen: orphaned workers
-    holding 600 MB each), so what is left of such a group after the grace time is killed too."""
+    holding 600 MB each), so what is left of such a group after the grace time is killed too. That
+    holds for a leader that has died already (a killed vLLM API server leaves its engine and workers
+    running): a group whose id is the child's pid is the child's, since Linux does not reuse a pid
+    while a group of that id lives."""
     processes = list(processes)
-    groups = {process.pid for process in processes if _leads_group(process)}
+    groups = {process.pid for process in processes if _group_alive(process.pid)}
 
     def send(process: subprocess.Popen, sig: int) -> None:
         try:
@@ -36,7 +32,7 @@ def stop_processes(processes: Iterable[subprocess.Popen], grace_s: float) -> Non
             pass
 
     for process in processes:
-        if process.poll() is None:
+        if process.poll() is None or process.pid in groups:
             send(process, signal.SIGTERM)
             send(process, signal.SIGCONT)   # a stopped (hung) process handles the SIGTERM only once continued
     deadline = time.monotonic() + grace_s
