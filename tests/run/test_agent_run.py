@@ -1,5 +1,6 @@
-"""`dockyard run` of the multi-turn terminal preset end to end: the agent collector inside the GRPO
-loop, sandboxes, the tasks' tests, training on masked multi-turn samples, trajectory dumps."""
+"""The multi-turn terminal preset end to end (`dockyard run`, and its async variant in this process):
+the agent collector inside the GRPO loop, sandboxes, the tasks' tests, training on masked multi-turn
+samples, trajectory dumps."""
 
 import json
 import subprocess
@@ -13,16 +14,19 @@ from tests.conftest import REPO
 pytestmark = pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap is not installed (tools/install.sh)")
 
 
-def run_preset(tiny_model, workdir, *overrides: str) -> subprocess.CompletedProcess:
+def small_preset(tiny_model) -> tuple[str, ...]:
     """The terminal preset on the tiny model, small: 2 prompts x 2 episodes a step, short turns."""
-    return subprocess.run(
-        [sys.executable, "-m", "dockyard.cli", "run", "--config", "grpo_terminal_bench_local.yaml",
-         f"models_dir={tiny_model.parent}", f"policy.model_name={tiny_model}",
-         f"data.datasets.0.path={REPO / 'tasks' / 'terminal_bench' / 'tasks.jsonl'}",
-         "policy.max_total_sequence_length=512", "policy.generation.max_new_tokens=24", "grpo.num_prompts_per_step=2",
-         "grpo.num_generations_per_prompt=2", "policy.train_global_batch_size=4",
-         "policy.dynamic_batching.enabled=false", "checkpointing.enabled=false", *overrides],
-        cwd=workdir, capture_output=True, text=True, timeout=600)
+    return (f"models_dir={tiny_model.parent}", f"policy.model_name={tiny_model}",
+            f"data.datasets.0.path={REPO / 'tasks' / 'terminal_bench' / 'tasks.jsonl'}",
+            "policy.max_total_sequence_length=512", "policy.generation.max_new_tokens=24", "grpo.num_prompts_per_step=2",
+            "grpo.num_generations_per_prompt=2", "policy.train_global_batch_size=4",
+            "policy.dynamic_batching.enabled=false", "checkpointing.enabled=false")
+
+
+def run_preset(tiny_model, workdir, *overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dockyard.cli", "run", "--config", "grpo_terminal_bench_local.yaml",
+                           *small_preset(tiny_model), *overrides], cwd=workdir, capture_output=True, text=True,
+                          timeout=600)
 
 
 def test_the_terminal_preset_trains_a_step_on_multi_turn_episodes(tiny_model, tmp_path):
@@ -37,17 +41,17 @@ def test_the_terminal_preset_trains_a_step_on_multi_turn_episodes(tiny_model, tm
     assert {r["task"]["name"] for r in records} <= {p.name for p in (REPO / "tasks" / "terminal_bench").iterdir()}
 
 
-def test_the_terminal_preset_runs_async_with_partial_rollouts(tiny_model, tmp_path):
-    """The agent episodes in the async loop: each turn is a request under one weights version (or
-    continued across a refit), every turn's versions are in the trajectory dump, and a step trains
-    groups at most one version old."""
-    result = run_preset(
-        tiny_model, tmp_path, "grpo.max_rollout_turns=3", "grpo.max_num_steps=3", "grpo.async_grpo.enabled=true",
+def test_the_terminal_preset_runs_async_with_partial_rollouts(loop_run, tiny_model, tmp_path):
+    """The agent episodes in the async loop (in this process: loop_run): each turn is a request under
+    one weights version (or continued across a refit), every turn's versions are in the trajectory
+    dump, and a step trains groups at most one version old."""
+    loop_run(
+        tmp_path, *small_preset(tiny_model), "grpo.max_rollout_turns=3", "grpo.max_num_steps=3", "grpo.async_grpo.enabled=true",
         "grpo.async_grpo.max_staleness_steps=1", "grpo.async_grpo.partial_rollout=true",
         "grpo.async_grpo.mask_offpolicy_in_partial_rollout=true", "loss_fn.is_correction.enabled=true",
         "loss_fn.is_correction.lower_bound=0.5", "loss_fn.is_correction.upper_bound=2.0", "cluster.colocate=false",
-        "cluster.num_nodes=2", "cluster.trainer.num_nodes=1", "cluster.rollout.num_nodes=1")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        "cluster.num_nodes=2", "cluster.trainer.num_nodes=1", "cluster.rollout.num_nodes=1",
+        config="grpo_terminal_bench_local.yaml")
     run = tmp_path / "runs" / "grpo_terminal_bench_local"
     rows = [json.loads(line) for line in (run / "logs" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]

@@ -2,8 +2,6 @@
 with each policy loss, off-policy safeguard, reward transform and sampling option switched on: the
 option reaches the trainer and the run completes."""
 
-import json
-
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
