@@ -119,14 +119,17 @@ def test_long_prompts_are_skipped_and_every_trajectory_is_dumped(loop_run, tmp_p
         assert {"prompt", "label", "response", "raw_reward", "reward", "status", "seed"} <= set(rows[0])
 
 
-def test_a_run_with_all_four_loggers_writes_what_each_ones_reader_reads(loop_run, tmp_path):
+def test_a_run_with_all_four_loggers_writes_what_each_ones_reader_reads(tiny_model, tmp_path):
+    # a process of its own: in the test process the trackers meet the state the logger tests left
     from mlflow.tracking import MlflowClient
 
     from tests.io.test_loggers import swanlab_scalars, wandb_history
 
-    loop_run(tmp_path, "grpo.max_num_steps=2", "logger.wandb_enabled=true", "logger.wandb.mode=offline",
-             "logger.mlflow_enabled=true", f"logger.mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db",
-             "logger.swanlab_enabled=true", "logger.swanlab.mode=offline")
+    result = run(tmp_path, tiny_model, "grpo.max_num_steps=2", "logger.wandb_enabled=true",
+                 "logger.wandb.mode=offline", "logger.mlflow_enabled=true",
+                 f"logger.mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db", "logger.swanlab_enabled=true",
+                 "logger.swanlab.mode=offline")
+    assert result.returncode == 0, result.stdout
     logs = tmp_path / "runs" / "grpo_tiny" / "logs"
     expected = [json.loads(line)["train/loss"] for line in (logs / "metrics.jsonl").read_text().splitlines()]
     assert [row["train/loss"] for row in wandb_history(logs)] == pytest.approx(expected)
