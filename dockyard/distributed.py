@@ -4,9 +4,11 @@ carries weights from trainer rank 0 to a generation server (outside the trainer 
 from __future__ import annotations
 
 import os
+import random
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -69,8 +71,31 @@ def weight_sync_group(master_address: str, master_port: int, rank: int, world_si
     raise ValueError(f"unknown weight-sync backend {backend!r} (gloo or nccl)")
 
 
+def ephemeral_ports() -> tuple[int, int]:
+    """The range the kernel hands out to outgoing connections and to bind(port 0)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    """A port nobody listens on now, for a process started next to listen on. It is taken below the
+    kernel's ephemeral range: a port from bind(0) is one any outgoing connection (a gloo pair, an HTTP
+    client) may take before the server binds it, which `dockyard run` saw as an engine failing with
+    "Address already in use" while the trainer ranks started beside it."""
+    low, _ = ephemeral_ports()
+    candidates = list(range(max(1024, low - 12000), low))
+    random.SystemRandom().shuffle(candidates)
+    for port in candidates[:200] if candidates else []:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:   # nothing free below the range
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
