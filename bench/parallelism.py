@@ -1,9 +1,9 @@
 """Trainer memory and step time on SmolLM2-135M per parallel layout, in one run: FSDP data parallel,
-tensor parallel, activation checkpointing on each, and LoRA, over 3 real gloo ranks (NCCL and CUDA
-peaks when the machine has GPUs). 3, not 2: SmolLM2-135M has 9 attention and 3 key/value heads,
-which TP 2 cannot split.
+tensor parallel, activation checkpointing on each, context parallel and LoRA, over 3 real gloo ranks
+(NCCL and CUDA peaks when the machine has GPUs). 3, not 2: SmolLM2-135M has 9 attention and 3
+key/value heads, which TP 2 cannot split.
 
-    python bench/parallelism.py [--steps 1] [--response 128]
+    python bench/parallelism.py [--steps 1] [--response 128] [--layout NAME ...]
 
 Per rank it prints:
 - the bytes autograd keeps for backward per micro-batch of 4 sequences (each storage counted once:
@@ -29,12 +29,13 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 SMOL = REPO / "models" / "smollm2-135m-instruct"
 RANKS = 3
-LAYOUTS = {   # name -> (tensor_parallel_size, activation_checkpointing, LoRA)
-    "FSDP DP 3": (1, False, False),
-    "FSDP DP 3 + activation checkpointing": (1, True, False),
-    "TP 3": (3, False, False),
-    "TP 3 + activation checkpointing": (3, True, False),
-    "LoRA r8 q/k/v/o (FSDP DP 3)": (1, False, True),
+LAYOUTS = {   # name -> (tensor_parallel_size, context_parallel_size, activation_checkpointing, LoRA)
+    "FSDP DP 3": (1, 1, False, False),
+    "FSDP DP 3 + activation checkpointing": (1, 1, True, False),
+    "TP 3": (3, 1, False, False),
+    "TP 3 + activation checkpointing": (3, 1, True, False),
+    "CP 3": (1, 3, False, False),
+    "LoRA r8 q/k/v/o (FSDP DP 3)": (1, 1, False, True),
 }
 
 
@@ -63,16 +64,17 @@ def rank_main(layout: str, steps: int, response: int, out: str) -> None:
     from dockyard.distributed import init_trainer_world
     from dockyard.policy.dtensor import Sample
 
-    tp, checkpointing, lora = LAYOUTS[layout]
+    tp, cp, checkpointing, lora = LAYOUTS[layout]
     gpu = torch.cuda.is_available()
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if gpu else torch.device("cpu")
     if gpu:
         torch.cuda.set_device(device)
     else:
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // RANKS))
-    world = init_trainer_world(device, timeout_s=600, model_parallel_size=tp)
+    world = init_trainer_world(device, timeout_s=600, model_parallel_size=tp * cp)
     cfg = load_config("grpo_tiny.yaml", [
         f"policy.model_name={SMOL}", f"policy.dtensor_cfg.tensor_parallel_size={tp}",
+        f"policy.dtensor_cfg.context_parallel_size={cp}",
         f"policy.dtensor_cfg.activation_checkpointing={str(checkpointing).lower()}",
         f"policy.max_total_sequence_length={64 + response}", "policy.train_micro_batch_size=4",
         f"policy.lora.enabled={str(lora).lower()}",
@@ -140,6 +142,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--response", type=int, default=128, help="response tokens per sequence (prompt: 64)")
+    parser.add_argument("--layout", action="append", choices=list(LAYOUTS), help="only these (default: all)")
     parser.add_argument("--rank-of", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -152,7 +155,7 @@ def main() -> None:
     print(f"{'layout':<38} {'rank':>4} {'saved for backward MiB':>23} {'after warm-up MiB':>17} "
           f"{'peak above MiB':>15} {'step s':>7}")
     out = Path(os.environ.get("TMPDIR", "/tmp")) / f"dockyard-parallelism-{os.getpid()}.json"
-    for layout in LAYOUTS:
+    for layout in args.layout or LAYOUTS:
         for row in launch(layout, args.steps, args.response, out):
             print(f"{layout:<38} {row['rank']:>4} {row['saved'] / 2**20:>23.0f} {row['base'] / 2**20:>17.0f} "
                   f"{row['above'] / 2**20:>15.0f} {row['step_s']:>7.2f}", flush=True)

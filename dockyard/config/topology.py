@@ -61,15 +61,20 @@ def dp_size(cfg: MasterConfig) -> int:
     return world // mp if world > 0 and world % mp == 0 else 0
 
 
-def mesh_line(world: int, data: int, tensor: int) -> str:
+def mesh_line(world: int, data: int, tensor: int, context: int = 1) -> str:
     """The trainer's device mesh in words: the same line from the plan (`dockyard-submit --dry-run`) and
     from the running trainer (its rank 0 prints the mesh it built)."""
+    if context > 1:
+        return (f"trainer mesh: {world} rank(s) = {data} data-parallel x {context} context-parallel "
+                f"(FSDP shards over all ranks; each context-parallel group is {context} neighbouring ranks "
+                "splitting the sequence positions)")
     return (f"trainer mesh: {world} rank(s) = {data} data-parallel x {tensor} tensor-parallel "
             f"(FSDP shards over data-parallel; each tensor-parallel group is {tensor} neighbouring ranks)")
 
 
 def trainer_mesh_line(cfg: MasterConfig) -> str:
-    return mesh_line(trainer_world_size(cfg), dp_size(cfg), model_parallel(cfg)["TP"])
+    sizes = model_parallel(cfg)
+    return mesh_line(trainer_world_size(cfg), dp_size(cfg), sizes["TP"], sizes["CP"])
 
 
 def num_mini_batches(cfg: MasterConfig) -> int:

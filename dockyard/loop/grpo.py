@@ -28,6 +28,7 @@ import torch.distributed as dist
 from dockyard import registry
 from dockyard.config.errors import ConfigError
 from dockyard.config.loader import read_resolved
+from dockyard.config import topology
 from dockyard.config.schema import MasterConfig
 from dockyard.data.datasets import (DatasetError, Prompt, PromptLoader, build_messages, load_prompts,
                                     prompt_token_ids)
@@ -650,7 +651,7 @@ def main(stopper: "stopping.StopRequests | None" = None) -> int:
     if stopper is not None and stopper.device is None:
         stopper.device = device
     world = init_trainer_world(device, timeout_s=float(os.environ.get("DOCKYARD_COLLECTIVE_TIMEOUT_S", 1800)),
-                               model_parallel_size=cfg.policy.dtensor_cfg.tensor_parallel_size)
+                               model_parallel_size=topology.model_parallel_size(cfg))
     try:
         trainer = loop_for(cfg)(cfg, world, device, json.loads(os.environ.get("DOCKYARD_REPLICAS", "[]")),
                                 int(os.environ.get("DOCKYARD_WEIGHT_SYNC_PORT", 0)))

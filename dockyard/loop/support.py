@@ -26,7 +26,6 @@ def _features(cfg: MasterConfig) -> list[tuple[str, bool]]:
     return [
         ("grpo.skip_prev_logprobs", grpo.skip_prev_logprobs),
         ("grpo.run_mode", grpo.run_mode != "default"),
-        ("policy.dtensor_cfg.context_parallel_size", cfg.policy.dtensor_cfg.context_parallel_size > 1),
         ("data_plane", cfg.data_plane is not None),
     ]
 
@@ -73,7 +72,23 @@ def _unbuilt_settings(cfg: MasterConfig) -> list[Problem]:
     if logger.gpu_monitoring_interval_s != type(logger).model_fields["gpu_monitoring_interval_s"].default:
         problems.append(Problem("logger.gpu_monitoring_interval_s", "GPU figures are sampled once per step, when "
                                 "the step's metrics are logged, not on a timer; remove it"))
-    problems += _estimator_settings(cfg) + _environment_settings(cfg) + _lora_settings(cfg)
+    problems += _estimator_settings(cfg) + _environment_settings(cfg) + _lora_settings(cfg) + _context_parallel(cfg)
+    return problems
+
+
+def _context_parallel(cfg: MasterConfig) -> list[Problem]:
+    """What context parallelism (policy.dtensor_cfg.context_parallel_size) is not built together with yet."""
+    dtensor = cfg.policy.dtensor_cfg
+    if dtensor.context_parallel_size == 1:
+        return []
+    problems = []
+    if dtensor.tensor_parallel_size > 1:
+        problems.append(Problem("policy.dtensor_cfg.context_parallel_size", "context parallelism together with "
+                                "tensor parallelism is not built yet; set one of them to 1"))
+    batching = cfg.policy.dynamic_batching
+    if batching.enabled and batching.share_prompts:
+        problems.append(Problem("policy.dynamic_batching.share_prompts", "shared-prompt rows are not built with "
+                                "context parallelism (policy.dtensor_cfg.context_parallel_size > 1); turn it off"))
     return problems
 
 

@@ -1,7 +1,8 @@
 """`dtensor` policy backend: a transformers causal LM sharded with FSDP2 (`fully_shard`) over the
 trainer world (gloo on CPU, NCCL on GPU), optionally split with tensor parallelism inside groups of
-neighbouring ranks (a data-parallel x TP mesh, tensor_parallel.py). It computes logprobs, takes
-optimizer steps and exports full weights for the generation servers."""
+neighbouring ranks (a data-parallel x TP mesh, tensor_parallel.py) or with context parallelism, each
+rank of a group running its slice of the sequence positions (context_parallel.py). It computes
+logprobs, takes optimizer steps and exports full weights for the generation servers."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from dockyard.config.schema import MasterConfig
 from dockyard.config.topology import mesh_line
 from dockyard.distributed import WorldInfo
 from dockyard.models import DTYPES, load_causal_lm
+from dockyard.policy.context_parallel import ContextParallelError, SequenceShards, use_context_parallel_attention
 from dockyard.policy.lora import LoraSetupError, add_adapters, merged_weights
 from dockyard.policy.tensor_parallel import (TensorParallelError, VocabShard, apply_tensor_parallel, clip_gradients,
                                              quiet_tensor_parallel_warnings, sum_partial_gradients, token_logprobs,
@@ -154,14 +156,27 @@ class DTensorPolicy:
         if self.share_prompts and attention not in ("sdpa", "eager"):
             raise PolicySetupError(f"policy.dynamic_batching.share_prompts needs sdpa or eager attention "
                                    f"(a 4-D mask); {model_path or policy.model_name} loads with {attention}")
-        tp = policy.dtensor_cfg.tensor_parallel_size
-        if world.model_parallel_size != tp or world.world_size % tp:
-            raise PolicySetupError(f"policy.dtensor_cfg.tensor_parallel_size is {tp}, but the trainer world has "
-                                   f"{world.world_size} ranks in model-parallel groups of {world.model_parallel_size}")
+        tp, cp = policy.dtensor_cfg.tensor_parallel_size, policy.dtensor_cfg.context_parallel_size
+        if world.model_parallel_size != tp * cp or world.world_size % (tp * cp):
+            raise PolicySetupError(f"policy.dtensor_cfg: tensor_parallel_size {tp} x context_parallel_size {cp}, but "
+                                   f"the trainer world has {world.world_size} ranks in model-parallel groups of "
+                                   f"{world.model_parallel_size}")
         self.vocab: VocabShard | None = None     # this rank's slice of the vocabulary under TP
         partial_grad: set[str] = set()
-        self.tp_group = None
-        if tp > 1:
+        self.tp_group = self.cp_group = None
+        if cp > 1:
+            if tp > 1 or self.share_prompts:
+                raise PolicySetupError("policy.dtensor_cfg.context_parallel_size: not built together with "
+                                       "tensor_parallel_size > 1 or dynamic_batching.share_prompts")
+            grid = init_device_mesh(device.type, (world.data_size, cp), mesh_dim_names=("dp", "cp"))
+            self.cp_group = grid["cp"].get_group()
+            try:
+                use_context_parallel_attention(self.model, self.cp_group, model_path or policy.model_name)
+            except ContextParallelError as err:
+                raise PolicySetupError(str(err)) from None
+            # the ranks of a CP group hold the same weights: FSDP shards them over the whole world
+            mesh = init_device_mesh(device.type, (world.world_size,))
+        elif tp > 1:
             grid = init_device_mesh(device.type, (world.data_size, tp), mesh_dim_names=("dp", "tp"))
             try:
                 partial_grad = apply_tensor_parallel(self.model, grid["tp"], model_path or policy.model_name)
@@ -173,7 +188,7 @@ class DTensorPolicy:
         else:
             mesh = init_device_mesh(device.type, (world.world_size,))
         if world.is_main and trainable:
-            print(f"dockyard: {mesh_line(world.world_size, world.data_size, tp)}", file=sys.stderr, flush=True)
+            print(f"dockyard: {mesh_line(world.world_size, world.data_size, tp, cp)}", file=sys.stderr, flush=True)
         compute = DTYPES[policy.precision]
         mixed = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32) \
             if compute != torch.float32 else MixedPrecisionPolicy()
@@ -182,6 +197,7 @@ class DTensorPolicy:
         for layer in _decoder_layers(self.model):
             fully_shard(layer, mesh=mesh, mp_policy=mixed, offload_policy=offload)
         fully_shard(self.model, mesh=mesh, mp_policy=mixed, offload_policy=offload)
+        self.fsdp_size = mesh.size()
         self.partial_grad = [p for n, p in self.model.named_parameters() if n in partial_grad]
         if len(self.partial_grad) != len(partial_grad):
             raise PolicySetupError(f"tensor parallel: parameters not found after sharding: {sorted(partial_grad)}")
@@ -232,10 +248,32 @@ class DTensorPolicy:
             ids[row, width - len(sample.token_ids):] = torch.tensor(sample.token_ids)
             attention[row, width - len(sample.token_ids):] = 1
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        if self.cp_group is not None:
+            return self._forward_context_parallel(ids, attention, positions, responses, with_entropy)
         ids, attention, positions = ids.to(self.device), attention.to(self.device), positions.to(self.device)
         logits = self.model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=False,
                             logits_to_keep=responses + 1).logits[:, :-1]
         return token_logprobs(logits, ids[:, -responses:], self.temperature, with_entropy, self.vocab)
+
+    def _forward_context_parallel(self, ids, attention, positions, responses: int, with_entropy: bool):
+        """_forward_logprobs' rows, this rank running the model on its share of the positions only
+        (SequenceShards). The LM head runs on the local positions that predict a response token;
+        their logprobs are combined over the group, so every CP rank returns the whole [B, R]."""
+        shards = SequenceShards(ids.shape[1], self.cp_group)
+        ids, attention, positions = shards.pad(ids), shards.pad(attention), shards.pad(positions)
+        first = shards.width - responses - 1
+        predicting = ((shards.local >= first) & (shards.local < shards.width - 1)).nonzero()[:, 0]
+        local_ids = ids[:, shards.local].to(self.device)
+        logits = self.model(input_ids=local_ids, attention_mask=shards.attention_mask(attention.bool()).to(self.device),
+                            position_ids=positions[:, shards.local].to(self.device), use_cache=False,
+                            logits_to_keep=predicting.to(self.device)).logits
+        where = shards.local[predicting]
+        targets = ids[:, where + 1].to(self.device)
+        logprobs, entropy = token_logprobs(logits, targets, self.temperature, with_entropy, None)
+        logprobs = shards.combine(logprobs, where)[:, first:-1]
+        if entropy is not None:
+            entropy = shards.combine(entropy, where)[:, first:-1]
+        return logprobs, entropy
 
     def _forward_shared_prompts(self, samples: list[Sample], with_entropy: bool):
         """As _forward_logprobs, with each prompt computed once per row (plan_shared_prompt_rows).
@@ -371,8 +409,9 @@ class DTensorPolicy:
                                                else [1.0] * samples[i].response_length) for i in batch], width)
                 per_token = per_token * weights.to(self.device, per_token.dtype)
             share = aggregate(per_token, mask, loss_cfg.loss_agg_mode, total_tokens, total_sequences)
-            # FSDP averages gradients over data-parallel ranks; scaling by their number makes it a sum.
-            (share * self.world.data_size).backward()
+            # FSDP averages gradients over the ranks it shards over; scaling by their number makes it a
+            # sum (over data-parallel ranks, and over the CP ranks' partial gradients of one sequence)
+            (share * self.fsdp_size).backward()
             loss_value += float(share.detach())
             for name, values in metrics.items():
                 sums[name] = sums.get(name, 0.0) + float((values * mask).sum())
@@ -396,7 +435,7 @@ class DTensorPolicy:
         return [p for p in self.model.parameters() if p.requires_grad]
 
     def _sum_over_data(self, values: list[float]) -> torch.Tensor:
-        """Sum over the data-parallel ranks (the ranks of a TP group hold the same samples and figures)."""
+        """Sum over the data-parallel ranks (the ranks of a TP or CP group hold the same samples and figures)."""
         total = torch.tensor(values, dtype=torch.float64)
         if self.world.world_size > 1:
             dist.all_reduce(total)

@@ -189,3 +189,12 @@ def test_rollout_timeout_s_bounds_each_generation_request(engine_server, tiny_mo
     patient = load_config("grpo_tiny.yaml", [f"models_dir={tiny_model.parent}"]).config
     fleet = GRPOTrainer._fleet(SimpleNamespace(cfg=patient), [{"url": url, "name": "rollout server 0"}])
     assert len(fleet.generate([[5, 6, 7]], SamplingParams(n=4, max_tokens=8, temperature=1.0, seed=1))) == 4
+
+
+def test_context_parallel_with_shared_prompt_rows_is_refused_by_name():
+    overrides = ["models_dir=models", "policy.dtensor_cfg.context_parallel_size=2",
+                 "policy.dynamic_batching.enabled=true", "policy.dynamic_batching.share_prompts=true"]
+    problems = [str(p) for p in unsupported(load_config("grpo_tiny.yaml", overrides).config)]
+    assert problems == ["policy.dynamic_batching.share_prompts: shared-prompt rows are not built with context "
+                        "parallelism (policy.dtensor_cfg.context_parallel_size > 1); turn it off"]
+    assert not unsupported(load_config("grpo_tiny.yaml", overrides[:3]).config)

@@ -1,12 +1,12 @@
 """One trainer rank for the parallelism tests (tests/policy/test_tensor_parallel.py): for each model,
-builds the dtensor policy with the given TP size over the world in RANK / WORLD_SIZE, trains a fixed
+builds the dtensor policy with the given TP or CP size over the world in RANK / WORLD_SIZE, trains a fixed
 set of samples for a few optimizer steps and writes (rank 0) the logprobs, entropies, losses, full
 weights and full optimizer state it ended with to OUT/<model folder name>.pt.
 
-    python tests/policy/parallel_worker.py --model DIR[:shared] ... --tp 2 --out OUT [--steps 3]
-        [--save CKPT] [--load CKPT]
+    python tests/policy/parallel_worker.py --model DIR[:shared] ... [--tp 2 | --cp 2] --out OUT [--steps 3]
+        [--save CKPT] [--load CKPT] [--set KEY=VALUE ...]
 
-`:shared` turns on shared-prompt rows; --save writes a DCP checkpoint of the last model after its
+`:shared` turns on shared-prompt rows; --set adds a config override; --save writes a DCP checkpoint of the last model after its
 steps, --load reads one into it before.
 """
 
@@ -40,8 +40,9 @@ def fixed_samples(vocab: int) -> list[Sample]:
 def run_model(model: str, shared: bool, args, world, last: bool) -> None:
     ranks_per_node = world.world_size // 2 if world.world_size > 1 else 1
     overrides = [f"policy.model_name={model}", f"policy.dtensor_cfg.tensor_parallel_size={args.tp}",
+                 f"policy.dtensor_cfg.context_parallel_size={args.cp}",
                  f"cluster.cpu_ranks_per_node={ranks_per_node}", "policy.train_micro_batch_size=2",
-                 "loss_fn.entropy_coef=0.01", "policy.max_grad_norm=0.05"]
+                 "loss_fn.entropy_coef=0.01", "policy.max_grad_norm=0.05", *args.set]
     if shared:
         overrides += ["policy.dynamic_batching.enabled=true", "policy.dynamic_batching.share_prompts=true",
                       "policy.dynamic_batching.max_tokens_per_gpu=64", "policy.max_total_sequence_length=64"]
@@ -79,13 +80,15 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", action="append", required=True)
     parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--cp", type=int, default=1)
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--set", action="append", default=[])
     parser.add_argument("--save")
     parser.add_argument("--load")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    world = init_trainer_world(torch.device("cpu"), timeout_s=120, model_parallel_size=args.tp)
+    world = init_trainer_world(torch.device("cpu"), timeout_s=120, model_parallel_size=args.tp * args.cp)
     for index, spec in enumerate(args.model):
         model, _, flag = spec.partition(":")
         run_model(model, flag == "shared", args, world, last=index == len(args.model) - 1)

@@ -262,12 +262,14 @@ def test_a_server_that_does_not_come_up_ends_the_run_naming_it(tiny_model, tmp_p
 
 
 def test_unsupported_features_and_missing_model_are_refused_before_starting(tmp_path):
-    result = run(tmp_path, tmp_path / "no-model", "policy.dtensor_cfg.context_parallel_size=2", "policy.backend=megatron",
+    result = run(tmp_path, tmp_path / "no-model", "policy.dtensor_cfg.context_parallel_size=2",
+                 "policy.dtensor_cfg.tensor_parallel_size=2", "policy.backend=megatron",
                  "generation=vllm", "policy.generation.allow_multimodal_inputs=true",
                  "+policy.megatron_cfg.bf16=false", "loss_fn.reference_policy_kl_penalty=0.1",
                  "loss_fn.reference_model.hf_path=/no/reference")
     assert result.returncode == 2
-    assert "policy.dtensor_cfg.context_parallel_size: not supported by the GRPO loop in this version" in result.stdout
+    assert "policy.dtensor_cfg.context_parallel_size: context parallelism together with tensor parallelism is " \
+           "not built yet" in result.stdout
     assert "policy.generation.allow_multimodal_inputs: the GRPO loop does not train on image inputs" in result.stdout
     assert "loss_fn.reference_model.hf_path: no model folder at" in result.stdout
     assert "policy.backend: policy_backend 'megatron' is not available in this version" in result.stdout
@@ -276,14 +278,18 @@ def test_unsupported_features_and_missing_model_are_refused_before_starting(tmp_
     assert not (tmp_path / "runs").exists()
 
 
-def test_tensor_parallel_run_builds_the_mesh_the_dry_run_plans(tiny_model, tmp_path):
-    overrides = (f"models_dir={tiny_model.parent}", "policy.dtensor_cfg.tensor_parallel_size=2")
+@pytest.mark.parametrize("setting, mesh", [
+    ("tensor_parallel_size", "1 data-parallel x 2 tensor-parallel (FSDP shards over data-parallel; each "
+                             "tensor-parallel group is 2 neighbouring ranks)"),
+    ("context_parallel_size", "1 data-parallel x 2 context-parallel (FSDP shards over all ranks; each "
+                              "context-parallel group is 2 neighbouring ranks splitting the sequence positions)")])
+def test_a_model_parallel_run_builds_the_mesh_the_dry_run_plans(tiny_model, tmp_path, setting, mesh):
+    overrides = (f"models_dir={tiny_model.parent}", f"policy.dtensor_cfg.{setting}=2")
     plan = subprocess.run([sys.executable, "-c", "import sys; from dockyard.cli import submit_main; "
                            "sys.exit(submit_main())", "--config", "grpo_tiny.yaml", "--nodes", "3", "--dry-run",
                            *overrides], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     planned = [line for line in plan.stdout.splitlines() if line.startswith("trainer mesh: ")]
-    assert planned == ["trainer mesh: 2 rank(s) = 1 data-parallel x 2 tensor-parallel (FSDP shards over "
-                       "data-parallel; each tensor-parallel group is 2 neighbouring ranks)"], plan.stdout + plan.stderr
+    assert planned == [f"trainer mesh: 2 rank(s) = {mesh}"], plan.stdout + plan.stderr
     result = run(tmp_path, tiny_model, "grpo.max_num_steps=2", "checkpointing.save_period=2", *overrides[1:])
     assert result.returncode == 0, result.stdout
     assert f"dockyard: {planned[0]}" in result.stdout

@@ -30,8 +30,12 @@ class DTensorConfig(Section):
                                               "(docs/parallelism.md).",
                                               "Trainer ranks must be divisible by TP x CP; the model's heads and "
                                               "MLP width by TP.")
-    context_parallel_size: PositiveInt = field(1, "Context-parallel degree (CP, sequence sharding).",
-                                               "Not built: refused when above 1.")
+    context_parallel_size: PositiveInt = field(1, "Context-parallel degree (CP): the ranks of a CP group train "
+                                               "the same sequences, each running the model on its share of the "
+                                               "positions; attention gathers K/V over the group "
+                                               "(docs/parallelism.md).",
+                                               "Trainer ranks must be divisible by TP x CP; not with TP > 1 or "
+                                               "shared-prompt rows; needs SDPA attention.")
     cpu_offload: bool = field(False, "Offload sharded parameters, gradients and optimizer state to CPU memory "
                               "(FSDP2 CPUOffloadPolicy; the optimizer steps on the CPU).", "GPU runs only.")
     activation_checkpointing: bool = field(False, "Recompute activations in backward to save memory.")
