@@ -73,10 +73,14 @@ def preflight(cfg: MasterConfig, where: Where, plan=None, slurm: bool = True) ->
 
     report = Report(unsupported(cfg) + backend_installed(cfg))
     if where == "local":
+        from dockyard.preflight.cpu import bf16_notes, cpu_flags
+
         report.problems += local_shape(cfg)
+        report.notes += bf16_notes(cfg, cpu_flags())
     models, parameters = model_problems(cfg)
     report.problems += models
-    datasets, report.notes = check_datasets(cfg)
+    datasets, notes = check_datasets(cfg)
+    report.notes += notes
     report.problems += datasets
     if not datasets and not models:
         report.problems += teacher_routing(cfg)
