@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from dockyard.policy.tensor_parallel import SumOverRanks
+
 ATTENTION_NAME = "dockyard_context_parallel"
 
 
@@ -39,22 +41,6 @@ class _GatherSequence(torch.autograd.Function):
         grad = grad.contiguous()
         dist.all_reduce(grad, group=ctx.group)
         return grad.narrow(ctx.dim, ctx.rank * ctx.length, ctx.length), None, None
-
-
-class _CombineShares(torch.autograd.Function):
-    """Sum of per-rank tensors that are zero outside the rank's own positions. Every rank of the group
-    computes the same loss from the result, so the backward is the identity: each position's
-    gradient reaches the one rank that computed it, once."""
-
-    @staticmethod
-    def forward(ctx, tensor: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-        out = tensor.clone()
-        dist.all_reduce(out, group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        return grad, None
 
 
 class SequenceShards:
@@ -93,7 +79,8 @@ class SequenceShards:
         the whole sequence, on every rank of the group (zero where no rank computed one)."""
         full = values.new_zeros((values.shape[0], self.width))
         full = full.index_copy(1, positions.to(values.device), values)
-        return _CombineShares.apply(full, self.group)
+        # each position has one owner, and every rank computes the same loss from the sum
+        return SumOverRanks.apply(full, self.group)
 
 
 def context_parallel_attention(group: dist.ProcessGroup):

@@ -100,10 +100,10 @@ def vocab_shard(model: torch.nn.Module, mesh: DeviceMesh) -> VocabShard:
     return VocabShard(start, size, mesh.get_group())
 
 
-class _SumOverRanks(torch.autograd.Function):
-    """All-reduce (sum) whose backward is the identity: every TP rank computes the same loss from the
-    summed value, so each rank's own share of the input gets the gradient once (a summed backward
-    would count it TP times)."""
+class SumOverRanks(torch.autograd.Function):
+    """All-reduce (sum) whose backward is the identity: every rank of the group (TP or CP) computes the
+    same loss from the summed value, so each rank's own share of the input gets the gradient once (a
+    summed backward would count it once per rank)."""
 
     @staticmethod
     def forward(ctx, tensor: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
@@ -130,14 +130,14 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
     dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=shard.group)
     shifted = logits - peak[..., None]
     exp = shifted.exp()
-    log_total = _SumOverRanks.apply(exp.sum(-1), shard.group).log()
+    log_total = SumOverRanks.apply(exp.sum(-1), shard.group).log()
     local_target = targets - shard.start
     here = (local_target >= 0) & (local_target < shard.size)
     target_logit = shifted.gather(-1, local_target.clamp(0, shard.size - 1)[..., None])[..., 0] * here
-    picked = _SumOverRanks.apply(target_logit, shard.group) - log_total
+    picked = SumOverRanks.apply(target_logit, shard.group) - log_total
     entropy = None
     if with_entropy:   # H = log Z - E_p[shifted logit]
-        expected = _SumOverRanks.apply((exp * shifted).sum(-1), shard.group) / log_total.exp()
+        expected = SumOverRanks.apply((exp * shifted).sum(-1), shard.group) / log_total.exp()
         entropy = log_total - expected
     return picked, entropy
 
