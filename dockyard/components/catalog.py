@@ -32,6 +32,7 @@ _IMPLEMENTED = {
     ("sandbox", "podman"): "dockyard.sandboxes.podman:PodmanSandbox",
     ("sandbox", "apptainer"): "dockyard.sandboxes.apptainer:ApptainerSandbox",
     ("sandbox", "enroot"): "dockyard.sandboxes.apptainer:EnrootSandbox",
+    ("environment", "swe"): "dockyard.envs.swe:SweEnvironment",
     ("environment", "terminal_bench"): "dockyard.envs.terminal_bench:TerminalBenchEnvironment",
     ("agent", "tool_calling"): "dockyard.agents.tool_calling:ToolCallingAgent",
 }

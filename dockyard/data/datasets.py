@@ -144,7 +144,7 @@ def load_prompts(config: DatasetConfig) -> list[Prompt]:
                                f"columns: {', '.join(map(str, row))}")
         if label_key is not None and label_key not in row:
             raise DatasetError(f"{where}: no {label_key!r} column (label_key; set it to null if unused)")
-        metadata = row.get(metadata_key) or {}
+        metadata = dict(row) if metadata_key is None else row.get(metadata_key) or {}
         if not isinstance(metadata, dict):
             raise DatasetError(f"{where}: {metadata_key!r} must be a dict, got {type(metadata).__name__}")
         text = row[input_key]

@@ -1,20 +1,18 @@
 """`dockyard env check`: each task of a task set through the same sandbox and scoring path a run
-uses, with a reference agent instead of the model. The oracle (the task's own solution) must solve
+uses, with a reference agent instead of the model (each environment's `reference_trials`). The oracle (the task's own solution) must solve
 every task and the no-op agent none: a task that fails either test is broken (its tests pass
 without work, or its solution does not satisfy them), and the command names it."""
 
 from __future__ import annotations
 
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from dockyard import registry
 from dockyard.config.schema import MasterConfig
 from dockyard.config.schema.env import SandboxConfig
-from dockyard.envs.terminal_tasks import TaskFormatError, load_tasks
-from dockyard.envs.terminal_trial import AGENTS, TrialResult, run_trial
+from dockyard.envs.terminal_tasks import TaskFormatError
 from dockyard.sandboxes.base import SandboxError
-from dockyard.sandboxes.factory import SandboxFactory
 
 EXPECTED = {"oracle": 1.0, "noop": 0.0}
 
@@ -29,16 +27,23 @@ def task_source(cfg: MasterConfig, tasks: str | None) -> Path:
 
 
 def check(cfg: MasterConfig, tasks: str | None, agent: str, out=sys.stdout) -> int:
+    environment = registry.get("environment", cfg.env.name).factory
+    trials = getattr(environment, "reference_trials", None)
+    if trials is None:
+        print(f"dockyard env check: environment {cfg.env.name!r} has no task sets to check (env.name)", file=sys.stderr)
+        return 2
     try:
-        task_list = load_tasks(task_source(cfg, tasks))
-        factory = SandboxFactory(cfg.env.sandbox or SandboxConfig())
-    except (TaskFormatError, SandboxError) as err:
+        results, problems = trials(cfg.env, task_source(cfg, tasks), agent)
+    except (TaskFormatError, SandboxError, ValueError) as err:
         print(f"dockyard env check: {err}", file=sys.stderr)
         return 2
-    print(f"{len(task_list)} tasks, agent {agent}, sandbox {factory.config.type}, "
+    for problem in problems:
+        print(f"BAD TASK {problem}", file=out)
+    if not results:
+        print("dockyard env check: no task could be read", file=sys.stderr)
+        return 2
+    print(f"{len(results)} tasks, agent {agent}, sandbox {(cfg.env.sandbox or SandboxConfig()).type}, "
           f"{cfg.env.num_workers} at a time (env.num_workers)", file=out, flush=True)
-    with ThreadPoolExecutor(max_workers=cfg.env.num_workers) as pool:
-        results: list[TrialResult] = list(pool.map(lambda t: run_trial(t, factory.create, AGENTS[agent]), task_list))
     width = max(len(r.task) for r in results)
     print(f"{'task':<{width}}  reward  seconds  notes", file=out)
     broken = []
@@ -53,4 +58,4 @@ def check(cfg: MasterConfig, tasks: str | None, agent: str, out=sys.stdout) -> i
         why = result.error or (f"the {agent} agent got reward {result.reward:.2f}, expected {EXPECTED[agent]:.0f}")
         tail = (result.test_output or "").strip().splitlines()[-6:]
         print(f"BROKEN {result.task}: {why}" + ("".join(f"\n    {line}" for line in tail) if tail else ""), file=out)
-    return 1 if broken else 0
+    return 1 if broken or problems else 0

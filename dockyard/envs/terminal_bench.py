@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from dockyard.agents.tool_format import TERMINAL_TOOLS, Action
 from dockyard.config.schema.env import EnvConfig, SandboxConfig
 from dockyard.data.datasets import Prompt
-from dockyard.envs.terminal_tasks import TaskFormatError, TerminalTask, load_task
-from dockyard.envs.terminal_trial import sandbox_spec, setup_notes, verify
+from dockyard.envs.terminal_tasks import TaskFormatError, TerminalTask, load_task, load_tasks
+from dockyard.envs.terminal_trial import AGENTS, TrialResult, run_trial, sandbox_spec, setup_notes, verify
 from dockyard.sandboxes.base import Sandbox, SandboxError
 from dockyard.sandboxes.factory import SandboxFactory
 
@@ -70,6 +71,14 @@ class TerminalBenchEnvironment:
 
     def open(self, prompt: Prompt) -> "TerminalEpisode":
         return TerminalEpisode(self, self.task_for(prompt))
+
+    @classmethod
+    def reference_trials(cls, config: EnvConfig, source: Path, agent: str) -> tuple[list[TrialResult], list[str]]:
+        """`dockyard env check`: every task in a sandbox with the oracle or the no-op agent at work."""
+        tasks = load_tasks(source)
+        factory = SandboxFactory(config.sandbox or SandboxConfig())
+        with ThreadPoolExecutor(max_workers=config.num_workers) as pool:
+            return list(pool.map(lambda task: run_trial(task, factory.create, AGENTS[agent]), tasks)), []
 
 
 class TerminalEpisode:

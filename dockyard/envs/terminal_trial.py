@@ -60,6 +60,11 @@ def setup_notes(task: TerminalTask, builds_images: bool) -> list[str]:
     return notes
 
 
+def pytest_statuses(output: str) -> dict[str, str]:
+    """Each test id's status in a pytest -rA summary (PASSED, FAILED, ERROR, XPASS, XFAIL, SKIPPED)."""
+    return {name: status for status, name in _PYTEST_RESULT.findall(output)}
+
+
 def pytest_resolved(output: str) -> tuple[bool, str]:
     """Terminal-Bench's pytest parser: resolved when the -rA summary lists tests and all passed."""
     results = _PYTEST_RESULT.findall(output)

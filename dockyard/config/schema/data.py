@@ -24,7 +24,8 @@ class DatasetConfig(Section):
     generator: Optional[GeneratorSource] = field(None, "Generate rows instead of reading a file.")
     input_key: str = field("input", "Column with the prompt text or message list.")
     label_key: Optional[str] = field("label", "Column with the ground truth; null if unused.")
-    metadata_key: str = field("metadata", "Column with a per-row dict handed to the environment unchanged.")
+    metadata_key: Optional[str] = field("metadata", "Column with a per-row dict handed to the environment "
+                                        "unchanged; null hands it the whole row (flat task rows such as SWE-bench's).")
     max_prompt_chars: Optional[PositiveInt] = field(None, "Drop rows whose prompt is longer (characters, "
                                                     "not tokens); null disables the filter.")
     shuffle: bool = field(True, "Shuffle this dataset with policy.seed (validation is never shuffled).")

@@ -1,0 +1,224 @@
+"""`swe`: SWE-bench style repository tasks, single shot. The model reads an issue (and whatever code
+the prompt column carries) and answers with one patch; the patch is scored in a fresh sandbox by the
+task's own tests, the way the SWE-bench harness does it.
+
+A dataset row is a task in SWE-bench's or SWE-bench Pro's columns (swe_tasks.py); set the dataset's
+metadata_key to null so the environment gets the whole row. Scoring one patch:
+  1. integrity check (env.integrity_check): a patch that touches a test file, one the task's test
+     patch touches or one named like a test (tests/, test_*.py, *_test.py, conftest.py, pytest.ini),
+     scores 0 and is flagged, before anything runs;
+  2. a fresh sandbox with the repository checked out at base_commit in /testbed, the Pro row's
+     before_repo_set_cmd run there;
+  3. the patch applied (`git apply`, then `patch --fuzz=5` as the harness falls back); one that does
+     not apply scores 0;
+  4. the test files reset to base_commit and the task's test patch applied, so nothing the patch did
+     to them counts;
+  5. the tests run (at most env.sandbox.command_exec_timeout_s); pytest's -rA summary decides.
+Reward (env.reward_mode): `binary` is 1 when every FAIL_TO_PASS and PASS_TO_PASS test passes, else 0;
+`tests_pass` is the fraction of FAIL_TO_PASS tests that pass, 0 if any PASS_TO_PASS test fails.
+Patches are scored env.num_workers at a time, each within env.task_timeout_s.
+
+Extra env keys: reward_mode (binary | tests_pass; binary), integrity_check (true), repos_dir (the
+folder of repositories; default: `repos/` beside the task file).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from dockyard.config.schema.env import EnvConfig, SandboxConfig
+from dockyard.data.datasets import Prompt, split_row_slice
+from dockyard.envs.swe_tasks import RepoStore, SweTask, SweTaskError, patch_files, read_task_file, task_from_row
+from dockyard.envs.terminal_trial import TrialResult, pytest_statuses
+from dockyard.sandboxes.base import SandboxError, SandboxSpec
+from dockyard.sandboxes.factory import SandboxFactory
+
+REWARD_MODES = ("binary", "tests_pass")
+PASSING = ("PASSED", "XFAIL")     # SWE-bench counts an expected failure as passing
+TESTBED = "/testbed"
+TEST_DIRS = {"test", "tests", "testing"}
+TEST_CONFIG_FILES = {"conftest.py", "pytest.ini"}
+
+_TAGGED = re.compile(r"<patch>\n?(.*?)</patch>", re.DOTALL)
+_FENCED = re.compile(r"```(?:diff|patch)[^\n]*\n(.*?)```", re.DOTALL)
+_BARE = re.compile(r"^(?:diff --git |--- a/|--- /dev/null)", re.MULTILINE)
+
+
+def extract_patch(completion: str) -> str | None:
+    """The unified diff in a reply: inside <patch> tags, a ```diff block, or from its first diff
+    header to the end; None when the reply holds none."""
+    for pattern in (_TAGGED, _FENCED):
+        match = pattern.search(completion)
+        if match and _BARE.search(match.group(1)):
+            body = match.group(1)
+            return body[_BARE.search(body).start():].rstrip("\n") + "\n"
+    match = _BARE.search(completion)
+    if match is None:
+        return None
+    return completion[match.start():].split("```")[0].rstrip("\n") + "\n"
+
+
+def looks_like_test(path: str) -> bool:
+    parts = PurePosixPath(path).parts
+    name = parts[-1] if parts else path
+    return (any(part in TEST_DIRS for part in parts[:-1]) or name in TEST_CONFIG_FILES
+            or name.startswith("test_") or name.endswith("_test.py"))
+
+
+def edited_tests(task: SweTask, patch: str) -> list[str]:
+    """The test files a patch touches: the integrity check's finding."""
+    protected = set(patch_files(task.test_patch)) | set(task.test_files)
+    return [path for path in patch_files(patch) if path in protected or looks_like_test(path)]
+
+
+@dataclass
+class SweResult:
+    reward: float
+    resolved: bool = False
+    applied: bool = False
+    flagged: list[str] = field(default_factory=list)   # test files the patch touched (integrity check)
+    statuses: dict[str, str] = field(default_factory=dict)
+    log: str = ""
+    seconds: float = 0.0
+
+
+class SweScorer:
+    """Scores patches for SWE tasks in fresh sandboxes (steps 1-5 of the module doc)."""
+
+    def __init__(self, sandboxes: SandboxFactory, repos: RepoStore, reward_mode: str = "binary",
+                 integrity_check: bool = True):
+        self.sandboxes, self.repos = sandboxes, repos
+        self.reward_mode, self.integrity_check = reward_mode, integrity_check
+
+    def score(self, task: SweTask, patch: str) -> SweResult:
+        started = time.monotonic()
+        flagged = edited_tests(task, patch)
+        if flagged and self.integrity_check:
+            return SweResult(0.0, flagged=flagged, seconds=time.monotonic() - started,
+                             log=f"integrity check: the patch edits test files ({', '.join(flagged)}); scored 0")
+        checkout = self.repos.checkout(task)
+        limit = self.sandboxes.limits.command_timeout_s
+        with tempfile.TemporaryDirectory() as scratch, \
+                self.sandboxes.create(SandboxSpec(workdir=TESTBED, files=[(checkout, TESTBED)],
+                                                  name=f"task {task.instance_id}")) as sandbox:
+            Path(scratch, "model.patch").write_text(patch)
+            Path(scratch, "test.patch").write_text(task.test_patch)
+            sandbox.copy_in(Path(scratch), "/patches", read_only=True)
+            log = []
+            if task.setup_command.strip():
+                setup = sandbox.run(task.setup_command, timeout_s=limit)
+                log.append(setup.output)
+                if not setup.ok:
+                    raise SweTaskError(f"{task.where}: before_repo_set_cmd failed ({_status(setup)}): "
+                                       f"{setup.output.strip()[-300:]}")
+            if patch.strip():
+                applied = sandbox.run("git apply -v /patches/model.patch || "
+                                      "{ command -v patch >/dev/null && patch --batch --fuzz=5 -p1 -i /patches/model.patch; }",
+                                      timeout_s=limit)
+                log.append(applied.output)
+                if not applied.ok:
+                    return SweResult(0.0, flagged=flagged, seconds=time.monotonic() - started,
+                                     log="\n".join(log) + "\n[the patch does not apply]")
+            reset = " ; ".join(f"{{ git checkout -q {task.base_commit} -- {shlex.quote(path)} 2>/dev/null || rm -f {shlex.quote(path)}; }}"
+                               for path in patch_files(task.test_patch))
+            tests_in = sandbox.run(f"{reset} ; git apply /patches/test.patch", timeout_s=limit)
+            if not tests_in.ok:
+                raise SweTaskError(f"{task.where}: its test_patch does not apply at base_commit "
+                                   f"({_status(tests_in)}): {tests_in.output.strip()[-300:]}")
+            run = sandbox.run(task.test_command, timeout_s=limit)
+            log.append(run.output)
+        statuses = pytest_statuses(run.output)
+        passed = [test for test in task.fail_to_pass if statuses.get(test) in PASSING]
+        broken = [test for test in task.pass_to_pass if statuses.get(test) not in PASSING]
+        resolved = len(passed) == len(task.fail_to_pass) and not broken
+        if self.reward_mode == "binary":
+            reward = 1.0 if resolved else 0.0
+        else:
+            reward = 0.0 if broken else len(passed) / len(task.fail_to_pass)
+        summary = (f"[FAIL_TO_PASS {len(passed)}/{len(task.fail_to_pass)} pass; PASS_TO_PASS "
+                   f"{len(task.pass_to_pass) - len(broken)}/{len(task.pass_to_pass)} pass"
+                   + (f"; tests timed out after {limit:.0f} s" if run.timed_out else "") + "]")
+        return SweResult(reward, resolved, True, flagged, statuses, "\n".join(log) + "\n" + summary,
+                         time.monotonic() - started)
+
+
+def _status(result) -> str:
+    return f"timed out after {result.seconds:.0f} s" if result.timed_out else f"exit status {result.exit_code}"
+
+
+class SweEnvironment:
+    """Single-shot SWE tasks: the reply is a patch, scored by the task's tests in a sandbox."""
+
+    EXTRA_KEYS = frozenset({"reward_mode", "integrity_check", "repos_dir"})
+
+    def __init__(self, config: EnvConfig):
+        extra = dict(config.model_extra or {})
+        unknown = sorted(set(extra) - self.EXTRA_KEYS)
+        if unknown:
+            raise ValueError(f"env.{unknown[0]}: not a swe setting (known: {', '.join(sorted(self.EXTRA_KEYS))})")
+        mode = extra.get("reward_mode", "binary")
+        if mode not in REWARD_MODES:
+            raise ValueError(f"env.reward_mode: {mode!r} is not one of {', '.join(REWARD_MODES)}")
+        integrity = extra.get("integrity_check", True)
+        if not isinstance(integrity, bool):
+            raise ValueError(f"env.integrity_check: must be true or false, got {integrity!r}")
+        self.config = config
+        self.scorer = SweScorer(SandboxFactory(config.sandbox or SandboxConfig()), RepoStore(extra.get("repos_dir")),
+                                mode, integrity)
+        self._tasks: dict[tuple[str, str], SweTask] = {}
+        self._lock = threading.Lock()
+
+    def task_for(self, prompt: Prompt) -> SweTask:
+        row = prompt.metadata
+        if "instance_id" not in row:
+            raise SweTaskError(f"dataset {prompt.source!r}: a swe row needs its SWE-bench instance as metadata; "
+                               "set data.datasets[].metadata_key to null for flat SWE-bench rows")
+        key = (prompt.source_file or prompt.source, str(row["instance_id"]))
+        with self._lock:
+            if key not in self._tasks:
+                self._tasks[key] = task_from_row(row, key[0])
+            return self._tasks[key]
+
+    def score(self, completion: str, prompt: Prompt) -> float:
+        task = self.task_for(prompt)
+        result = self.scorer.score(task, extract_patch(completion) or "")
+        if result.flagged and self.scorer.integrity_check:
+            print(f"swe: {task.instance_id}: integrity check: a patch edits {', '.join(result.flagged)}; "
+                  "scored 0", file=sys.stderr, flush=True)
+        return result.reward
+
+    def action_valid(self, completion: str) -> bool:
+        """The action is the patch: invalid when the reply holds none (grpo.invalid_action_penalty applies)."""
+        return extract_patch(completion) is not None
+
+    @classmethod
+    def reference_trials(cls, config: EnvConfig, source: Path, agent: str) -> tuple[list[TrialResult], list[str]]:
+        """`dockyard env check`: the oracle submits each task's reference patch, the no-op agent an
+        empty one; bad rows are reported apart and the rest are checked."""
+        file, rows = split_row_slice(str(source))
+        tasks, problems = read_task_file(file)
+        if rows != slice(None):
+            tasks = tasks[rows]
+        env = cls(config)
+
+        def trial(task: SweTask) -> TrialResult:
+            result = TrialResult(task.instance_id, 0.0, 0.0)
+            try:
+                scored = env.scorer.score(task, task.patch if agent == "oracle" else "")
+                result.reward, result.test_output, result.seconds = scored.reward, scored.log, scored.seconds
+                if scored.flagged:
+                    result.notes.append(f"integrity check flagged {', '.join(scored.flagged)}")
+            except (SweTaskError, SandboxError) as err:
+                result.error = str(err)
+            return result
+
+        with ThreadPoolExecutor(max_workers=config.num_workers) as pool:
+            return list(pool.map(trial, tasks)), problems

@@ -1,0 +1,188 @@
+"""SWE tasks: both published row formats, patch extraction, scoring in real bubblewrap sandboxes
+(reward modes, patches that do not apply, the integrity check), `dockyard env check` on the shipped
+sets, and bad rows reported per task while the rest are checked."""
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from dockyard.config import load_config
+from dockyard.config.schema.env import SandboxConfig
+from dockyard.envs.check import check
+from dockyard.envs.swe import SweScorer, edited_tests, extract_patch
+from dockyard.envs.swe_tasks import RepoStore, SweTaskError, read_task_file, task_from_row
+from dockyard.sandboxes.bubblewrap import bwrap_path
+from dockyard.sandboxes.factory import SandboxFactory
+from tests.conftest import REPO
+
+SHIPPED = REPO / "tasks" / "swe"
+needs_bwrap = pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap is not installed (tools/install.sh)")
+
+# conftest.py at the repository root that turns every test's result into a pass: what a reward hacker
+# would submit. The test files are reset before the tests run; this file is not a test file of the task.
+CHEAT = """diff --git a/conftest.py b/conftest.py
+new file mode 100644
+--- /dev/null
++++ b/conftest.py
+@@ -0,0 +1,7 @@
++import pytest
++
++@pytest.hookimpl(hookwrapper=True)
++def pytest_runtest_makereport(item, call):
++    outcome = yield
++    report = outcome.get_result()
++    report.outcome = "passed"
+"""
+
+
+def tasks(name: str = "swe_bench.jsonl") -> dict:
+    found, problems = read_task_file(SHIPPED / name)
+    assert not problems
+    return {task.instance_id: task for task in found}
+
+
+@pytest.fixture(scope="module")
+def repos():
+    store = RepoStore(None)
+    yield store
+    store.close()
+
+
+def scorer(repos, mode: str = "binary", integrity: bool = True) -> SweScorer:
+    factory = SandboxFactory(SandboxConfig(type="bubblewrap", command_exec_timeout_s=60, max_concurrent=4))
+    return SweScorer(factory, repos, mode, integrity)
+
+
+def test_both_published_formats_load_from_the_shipped_sets():
+    bench = tasks()
+    assert len(bench) == 6
+    slug = bench["dockyard-tasks__textkit-slugify-collapse"]
+    assert slug.repo == "dockyard-tasks/textkit" and len(slug.base_commit) == 40
+    assert slug.fail_to_pass == ["tests/test_slug.py::test_slugify_collapses_separators"]
+    assert slug.pass_to_pass == ["tests/test_slug.py::test_slugify_lowercases"]
+    assert slug.test_files == ["tests/test_slug.py"] and slug.setup_command == ""
+    assert slug.test_command == "python3 -m pytest -rA -p no:cacheprovider tests/test_slug.py"
+    pro = tasks("swe_pro.jsonl")["instance_dockyard-tasks__minicalc-format-duration"]
+    assert pro.test_files == ["tests/test_format.py", "tests/test_duration.py"]   # selected_test_files_to_run
+    assert len(pro.fail_to_pass) == 3 and pro.setup_command.startswith("git reset --hard")
+    rows = [json.loads(line) for line in (SHIPPED / "swe_bench.jsonl").read_text().splitlines()]
+    assert all(isinstance(row["FAIL_TO_PASS"], str) for row in rows)    # JSON-encoded, as SWE-bench ships them
+
+
+def test_a_patch_is_found_in_tags_fences_or_bare_and_missing_otherwise():
+    diff = "--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+b\n"
+    assert extract_patch(f"Here it is:\n<patch>\n{diff}</patch>\nDone.") == diff
+    assert extract_patch(f"```diff\n{diff}```\nThat fixes it.") == diff
+    assert extract_patch(f"The fix:\ndiff --git a/x.py b/x.py\n{diff}") == f"diff --git a/x.py b/x.py\n{diff}"
+    assert extract_patch("I would change slugify to collapse dashes.") is None
+    assert extract_patch("```python\nprint(1)\n```") is None
+
+
+def test_the_integrity_check_names_the_test_files_a_patch_touches():
+    slug = tasks()["dockyard-tasks__textkit-slugify-collapse"]
+    assert edited_tests(slug, slug.patch) == []
+    assert edited_tests(slug, slug.test_patch) == ["tests/test_slug.py"]
+    assert edited_tests(slug, CHEAT) == ["conftest.py"]
+    assert edited_tests(slug, "--- a/src/app_test.py\n+++ b/src/app_test.py\n") == ["src/app_test.py"]
+
+
+def diff_of(repos, task, work, *edits: tuple[str, str, str]) -> str:
+    """The patch (git diff) that makes each edit (path, old text, new text) to the task's checkout."""
+    shutil.copytree(repos.checkout(task), work)
+    for path, old, new in edits:
+        text = (work / path).read_text()
+        assert old in text
+        (work / path).write_text(text.replace(old, new))
+    return subprocess.run(["git", "-C", str(work), "diff"], capture_output=True, text=True, check=True).stdout
+
+
+@needs_bwrap
+def test_reward_modes_partial_fixes_and_broken_tests(repos, tmp_path):
+    pro = tasks("swe_pro.jsonl")["instance_dockyard-tasks__minicalc-format-duration"]
+    # the reference fix without its negative-number check: 2 of the 3 FAIL_TO_PASS tests pass
+    partial = pro.patch.replace('+    if seconds < 0:\n+        raise ValueError(f"negative duration: {seconds}")\n', "")
+    partial = partial.replace("@@ -9,3 +9,15 @@", "@@ -9,3 +9,13 @@")
+    fraction = scorer(repos, "tests_pass").score(pro, partial)
+    assert fraction.applied and fraction.reward == pytest.approx(2 / 3), fraction.log
+    assert fraction.statuses["tests/test_format.py::test_format_zero_and_negative"] == "FAILED"
+    assert scorer(repos, "binary").score(pro, partial).reward == 0.0
+    assert scorer(repos, "binary").score(pro, pro.patch).reward == 1.0
+    # the fix of mean([]) that also breaks median (a PASS_TO_PASS test): 0 in both modes
+    mean_task = tasks()["dockyard-tasks__minicalc-mean-empty"]
+    fix = ("minicalc/stats.py", "    return sum(values) / len(values)\n",
+           "    if not values:\n        raise ValueError(\"mean of no values\")\n    return sum(values) / len(values)\n")
+    fixed = scorer(repos, "tests_pass").score(mean_task, diff_of(repos, mean_task, tmp_path / "a", fix))
+    assert fixed.reward == 1.0, fixed.log
+    both = diff_of(repos, mean_task, tmp_path / "b", fix, ("minicalc/stats.py", "ordered[len(ordered) // 2]", "ordered[0]"))
+    broken = scorer(repos, "tests_pass").score(mean_task, both)
+    assert broken.statuses["tests/test_stats.py::test_mean_of_nothing_raises"] == "PASSED"
+    assert broken.statuses["tests/test_stats.py::test_median_odd"] == "FAILED" and broken.reward == 0.0
+    garbage = scorer(repos).score(mean_task, "--- a/minicalc/nothere.py\n+++ b/minicalc/nothere.py\n@@ -1 +1 @@\n-x\n+y\n")
+    assert garbage.reward == 0.0 and not garbage.applied and "does not apply" in garbage.log
+
+
+@needs_bwrap
+def test_the_integrity_check_stops_a_patch_that_rewrites_test_results(repos):
+    slug = tasks()["dockyard-tasks__textkit-slugify-collapse"]
+    unchecked = scorer(repos, integrity=False).score(slug, CHEAT)
+    assert unchecked.reward == 1.0, unchecked.log      # the cheat works when nothing stops it
+    checked = scorer(repos).score(slug, CHEAT)
+    assert checked.reward == 0.0 and checked.flagged == ["conftest.py"] and not checked.applied
+    # editing the task's own test file does not help either way: the test files are reset first
+    weakened = slug.test_patch.replace('+    assert slugify("Hello, World!") == "hello-world"\n', "")
+    assert scorer(repos, integrity=False).score(slug, weakened).reward == 0.0
+
+
+@needs_bwrap
+def test_env_check_solves_every_shipped_task_with_the_oracle_and_none_without_work():
+    result = subprocess.run([sys.executable, "-m", "dockyard.cli", "env", "check", "--config", "grpo_swe_local.yaml",
+                             "--agent", "oracle"], capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "mean reward 1.00 over 6 tasks" in result.stdout and "sandbox bubblewrap" in result.stdout
+    cfg = load_config("grpo_swe_local.yaml", ["models_dir=models"]).config
+    for name, count in (("swe_bench.jsonl", 6), ("swe_pro.jsonl", 2)):
+        for agent, mean in (("oracle", "1.00"), ("noop", "0.00")):
+            if (name, agent) == ("swe_bench.jsonl", "oracle"):
+                continue
+            out = io.StringIO()
+            assert check(cfg, str(SHIPPED / name), agent, out) == 0, out.getvalue()
+            assert f"mean reward {mean} over {count} tasks" in out.getvalue()
+
+
+@needs_bwrap
+def test_bad_rows_are_named_per_task_and_the_rest_are_checked(tmp_path):
+    rows = [json.loads(line) for line in (SHIPPED / "swe_bench.jsonl").read_text().splitlines()]
+    good = rows[0]
+    no_tests = {**rows[1], "FAIL_TO_PASS": "[]"}
+    unknown_repo = {**rows[2], "repo": "someone/elsewhere"}
+    bad_commit = {**rows[3], "base_commit": "0" * 40}
+    broken_test_patch = {**rows[4], "test_patch": "--- a/tests/test_stats.py\n+++ b/tests/test_stats.py\n@@ -99 +99 @@\n-x\n+y\n"}
+    lines = [json.dumps(good), "{not json", json.dumps(no_tests), json.dumps({k: v for k, v in rows[5].items() if k != "PASS_TO_PASS"}),
+             json.dumps(unknown_repo), json.dumps(bad_commit), json.dumps(broken_test_patch)]
+    file = tmp_path / "mixed.jsonl"
+    file.write_text("\n".join(lines) + "\n")
+    (tmp_path / "repos").symlink_to(SHIPPED / "repos")
+    cfg = load_config("grpo_swe_local.yaml", ["models_dir=models"]).config
+    out = io.StringIO()
+    assert check(cfg, str(file), "oracle", out) == 1
+    report = out.getvalue()
+    assert f"BAD TASK {file}:2: not JSON" in report
+    assert f"BAD TASK {file}:3: task {rows[1]['instance_id']}: FAIL_TO_PASS is empty" in report
+    assert f"BAD TASK {file}:4: task {rows[5]['instance_id']}: no PASS_TO_PASS / pass_to_pass column" in report
+    assert "repository someone/elsewhere not found" in report
+    assert f"cannot check out {'0' * 40}" in report
+    assert "its test_patch does not apply" in report
+    assert f"{good['instance_id']}  " in report and "BROKEN " + good["instance_id"] not in report
+    assert "Traceback" not in report
+
+
+def test_a_row_is_refused_by_column():
+    row = json.loads((SHIPPED / "swe_bench.jsonl").read_text().splitlines()[0])
+    with pytest.raises(SweTaskError, match=r"f.jsonl:7: task .*: FAIL_TO_PASS is not a JSON list"):
+        task_from_row({**row, "FAIL_TO_PASS": "[tests"}, "f.jsonl", 7)
+    with pytest.raises(SweTaskError, match="no base_commit"):
+        task_from_row({k: v for k, v in row.items() if k != "base_commit"}, "f.jsonl", 1)
