@@ -55,9 +55,11 @@ def _bound(value: int | None) -> str:
 
 
 def _read_file(path: Path) -> list[dict[str, Any]]:
-    if path.suffix == ".jsonl":
+    if path.suffix == ".jsonl" or path.name.endswith(".jsonl.gz"):   # HumanEval ships gzipped
+        import gzip
+
         rows = []
-        with open(path, encoding="utf-8") as handle:
+        with (gzip.open if path.suffix == ".gz" else open)(path, "rt", encoding="utf-8") as handle:
             for number, line in enumerate(handle, start=1):
                 if not line.strip():
                     continue
@@ -77,7 +79,15 @@ def _read_file(path: Path) -> list[dict[str, Any]]:
             return pq.read_table(path).to_pylist()
         except (pa.ArrowException, ValueError) as err:
             raise DatasetError(f"{path}: not a readable parquet file ({err})") from None
-    raise DatasetError(f"{path}: unsupported dataset format {path.suffix!r} (use .jsonl or .parquet)")
+    if path.suffix == ".csv":   # GPQA's published format
+        import csv
+
+        with open(path, encoding="utf-8", newline="") as handle:
+            try:
+                return [dict(row) for row in csv.DictReader(handle)]
+            except csv.Error as err:
+                raise DatasetError(f"{path}: not a readable csv file ({err})") from None
+    raise DatasetError(f"{path}: unsupported dataset format {path.suffix!r} (use .jsonl, .jsonl.gz, .parquet or .csv)")
 
 
 def generate_rows(config: DatasetConfig) -> list[dict[str, Any]]:

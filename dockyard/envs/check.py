@@ -10,7 +10,7 @@ from pathlib import Path
 
 from dockyard import registry
 from dockyard.config.schema import MasterConfig
-from dockyard.config.schema.env import SandboxConfig
+from dockyard.data.datasets import DatasetError
 from dockyard.envs.terminal_tasks import TaskFormatError
 from dockyard.sandboxes.base import SandboxError
 
@@ -33,8 +33,8 @@ def check(cfg: MasterConfig, tasks: str | None, agent: str, out=sys.stdout) -> i
         print(f"dockyard env check: environment {cfg.env.name!r} has no task sets to check (env.name)", file=sys.stderr)
         return 2
     try:
-        results, problems = trials(cfg.env, task_source(cfg, tasks), agent)
-    except (TaskFormatError, SandboxError, ValueError) as err:
+        results, problems = trials(cfg, task_source(cfg, tasks), agent)
+    except (TaskFormatError, SandboxError, ValueError, DatasetError) as err:
         print(f"dockyard env check: {err}", file=sys.stderr)
         return 2
     for problem in problems:
@@ -42,8 +42,9 @@ def check(cfg: MasterConfig, tasks: str | None, agent: str, out=sys.stdout) -> i
     if not results:
         print("dockyard env check: no task could be read", file=sys.stderr)
         return 2
-    print(f"{len(results)} tasks, agent {agent}, sandbox {(cfg.env.sandbox or SandboxConfig()).type}, "
-          f"{cfg.env.num_workers} at a time (env.num_workers)", file=out, flush=True)
+    where = f"sandbox {cfg.env.sandbox.type}, {cfg.env.num_workers} at a time (env.num_workers)" if cfg.env.sandbox \
+        else "no sandbox"
+    print(f"{len(results)} tasks, agent {agent}, {where}", file=out, flush=True)
     width = max(len(r.task) for r in results)
     print(f"{'task':<{width}}  reward  seconds  notes", file=out)
     broken = []

@@ -200,14 +200,14 @@ class SweEnvironment:
         return extract_patch(completion) is not None
 
     @classmethod
-    def reference_trials(cls, config: EnvConfig, source: Path, agent: str) -> tuple[list[TrialResult], list[str]]:
+    def reference_trials(cls, cfg, source: Path, agent: str) -> tuple[list[TrialResult], list[str]]:
         """`dockyard env check`: the oracle submits each task's reference patch, the no-op agent an
         empty one; bad rows are reported apart and the rest are checked."""
         file, rows = split_row_slice(str(source))
         tasks, problems = read_task_file(file)
         if rows != slice(None):
             tasks = tasks[rows]
-        env = cls(config)
+        env = cls(cfg.env)
 
         def trial(task: SweTask) -> TrialResult:
             result = TrialResult(task.instance_id, 0.0, 0.0)
@@ -220,5 +220,5 @@ class SweEnvironment:
                 result.error = str(err)
             return result
 
-        with ThreadPoolExecutor(max_workers=config.num_workers) as pool:
+        with ThreadPoolExecutor(max_workers=cfg.env.num_workers) as pool:
             return list(pool.map(trial, tasks)), problems

@@ -73,21 +73,23 @@ class TerminalBenchEnvironment:
         return TerminalEpisode(self, self.task_for(prompt))
 
     @classmethod
-    def reference_trials(cls, config: EnvConfig, source: Path, agent: str) -> tuple[list[TrialResult], list[str]]:
+    def reference_trials(cls, cfg, source: Path, agent: str) -> tuple[list[TrialResult], list[str]]:
         """`dockyard env check`: every task in a sandbox with the oracle or the no-op agent at work."""
         tasks = load_tasks(source)
-        factory = SandboxFactory(config.sandbox or SandboxConfig())
-        with ThreadPoolExecutor(max_workers=config.num_workers) as pool:
+        factory = SandboxFactory(cfg.env.sandbox or SandboxConfig())
+        with ThreadPoolExecutor(max_workers=cfg.env.num_workers) as pool:
             return list(pool.map(lambda task: run_trial(task, factory.create, AGENTS[agent]), tasks)), []
 
 
-class TerminalEpisode:
-    def __init__(self, env: TerminalBenchEnvironment, task: TerminalTask):
-        self.env, self.task = env, task
-        self.sandbox: Sandbox = env.sandboxes.create(sandbox_spec(task))
-        self.shell = self.sandbox.shell()
-        self.notes = setup_notes(task, self.sandbox.builds_images)
-        self.deadline = time.monotonic() + min(task.agent_timeout_s, env.config.task_timeout_s)
+class ShellEpisode:
+    """An agent's episode in one sandbox through one persistent shell: its bash calls, each within
+    the sandbox's command limit and the episode's deadline, recorded in `events`. Subclasses score it
+    (`finish`)."""
+
+    def __init__(self, sandbox: Sandbox, time_s: float, max_output_chars: int, name: str):
+        self.sandbox, self.name, self.max_output_chars = sandbox, name, max_output_chars
+        self.shell = sandbox.shell()
+        self.deadline = time.monotonic() + time_s
         self.events: list[dict] = []
 
     @property
@@ -96,14 +98,14 @@ class TerminalEpisode:
 
     def execute(self, action: Action) -> str:
         """Run a bash call in the agent's shell; the text the model sees (output, exit status)."""
-        limit = self.env.sandboxes.limits.command_timeout_s
+        limit = self.sandbox.limits.command_timeout_s
         timeout = min(float(action.arguments.get("timeout", limit)), limit, max(self.deadline - time.monotonic(), 1.0))
         try:
             result = self.shell.run(action.arguments["command"], timeout_s=timeout)
         except SandboxError as err:
-            raise RuntimeError(f"task {self.task.name}: {err}") from None
+            raise RuntimeError(f"{self.name}: {err}") from None
         output = result.output
-        cap = self.env.max_output_chars
+        cap = self.max_output_chars
         if len(output) > cap:
             output = output[:cap // 2] + f"\n[... {len(output) - cap} characters left out ...]\n" + output[-cap // 2:]
         status = "timed out" if result.timed_out else f"exit status {result.exit_code}"
@@ -112,12 +114,21 @@ class TerminalEpisode:
                             "output": output})
         return f"{output}\n[{status}]" if output else f"[{status}]"
 
+    def close(self) -> None:
+        self.sandbox.destroy()
+
+
+class TerminalEpisode(ShellEpisode):
+    def __init__(self, env: TerminalBenchEnvironment, task: TerminalTask):
+        self.env, self.task = env, task
+        sandbox = env.sandboxes.create(sandbox_spec(task))
+        super().__init__(sandbox, min(task.agent_timeout_s, env.config.task_timeout_s), env.max_output_chars,
+                         f"task {task.name}")
+        self.notes = setup_notes(task, sandbox.builds_images)
+
     def finish(self) -> float:
         """Close the agent's shell and run the task's tests: the reward."""
         self.shell.close()
         reward, test_output = verify(self.task, self.sandbox)
         self.events.append({"tests": test_output[-4000:], "reward": reward})
         return reward
-
-    def close(self) -> None:
-        self.sandbox.destroy()

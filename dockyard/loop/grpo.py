@@ -145,14 +145,16 @@ class GRPOTrainer:
             self.chat_template = Path(chat.path).read_text() if chat.path else None
             self.prompt_limit = self._prompt_limit()
             accept = self._prompt_fits if self.prompt_limit is not None else None
-            self.validation = load_prompts(cfg.data.validation) if cfg.data.validation else []
+            # an environment may turn its rows into prompts (lettered choices, its response format)
+            prepare = getattr(self.env, "prepare_prompts", lambda prompts: prompts)
+            self.validation = prepare(load_prompts(cfg.data.validation)) if cfg.data.validation else []
             if accept is not None:
                 self.validation = self._fitting(self.validation, "data.validation")
             if grpo.max_val_samples:
                 self.validation = self.validation[:grpo.max_val_samples]
             # Training rows identical to a validation prompt are dropped, so validation stays held out.
             held_out = {str(p.input) for p in self.validation}
-            self.loaders = [PromptLoader(_without(load_prompts(d), held_out, d.name), d.shuffle, cfg.policy.seed,
+            self.loaders = [PromptLoader(_without(prepare(load_prompts(d)), held_out, d.name), d.shuffle, cfg.policy.seed,
                                          accept=accept, name=d.name)
                             for d in cfg.data.datasets]
             temperature = cfg.policy.generation.temperature

@@ -210,6 +210,8 @@ def _agent_setup(cfg: MasterConfig) -> list[Problem]:
     """The environment, its agent and its sandbox fit together (checked before anything starts)."""
     env = cfg.env
     multi_turn = getattr(registry.get("environment", env.name).factory, "multi_turn", False)
+    if multi_turn is None:   # the environment works either way: env.agent decides
+        multi_turn = env.agent is not None
     if multi_turn and env.agent is None:
         return [Problem("env.agent", f"environment {env.name!r} is multi-turn; it needs an agent (tool_calling)")]
     if not multi_turn and env.agent is not None:

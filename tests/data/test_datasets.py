@@ -55,9 +55,17 @@ def test_bad_rows_are_named(tmp_path, content, config, message):
 def test_missing_and_unsupported_files(tmp_path):
     with pytest.raises(DatasetError, match="dataset file not found"):
         load_prompts(DatasetConfig(path=str(tmp_path / "none.jsonl")))
-    (tmp_path / "d.csv").write_text("a,b\n")
-    with pytest.raises(DatasetError, match="unsupported dataset format '.csv'"):
-        load_prompts(DatasetConfig(path=str(tmp_path / "d.csv")))
+    (tmp_path / "d.tsv").write_text("a\tb\n")
+    with pytest.raises(DatasetError, match="unsupported dataset format '.tsv'"):
+        load_prompts(DatasetConfig(path=str(tmp_path / "d.tsv")))
+
+
+def test_a_csv_file_with_quoted_fields(tmp_path):
+    (tmp_path / "d.csv").write_text('Question,Correct Answer\n"What is 2, plus 2?",4\n"A ""quoted"" one",x\n')
+    first, second = load_prompts(DatasetConfig(path=str(tmp_path / "d.csv"), input_key="Question",
+                                               label_key="Correct Answer", metadata_key=None))
+    assert (first.input, first.label) == ("What is 2, plus 2?", "4")
+    assert second.input == 'A "quoted" one' and second.metadata == {"Question": 'A "quoted" one', "Correct Answer": "x"}
 
 
 def test_gsm8k_pre_processor_on_a_file(tmp_path):

@@ -19,7 +19,7 @@ class GeneratorSource(OpenSection):
 
 class DatasetConfig(Section):
     name: str = field("train", "Label used in logs and metrics.")
-    path: Optional[str] = field(None, "A .jsonl or .parquet file, with an optional row slice: data.jsonl@[0:1000].",
+    path: Optional[str] = field(None, "A .jsonl, .parquet or .csv file, with an optional row slice: data.jsonl@[0:1000].",
                                 "Exactly one of path / generator.")
     generator: Optional[GeneratorSource] = field(None, "Generate rows instead of reading a file.")
     input_key: str = field("input", "Column with the prompt text or message list.")
