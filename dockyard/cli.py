@@ -120,6 +120,13 @@ def cmd_env_check(ns: argparse.Namespace) -> int:
     return EXIT_CONFIG if loaded is None else check(loaded.config, ns.tasks, ns.agent)
 
 
+def cmd_env_serve_swe(ns: argparse.Namespace) -> int:
+    from dockyard.envs.swe_server import serve
+
+    loaded = _load(ns, "env serve-swe")
+    return EXIT_CONFIG if loaded is None else serve(loaded.config, ns.host, ns.port, ns.address_file)
+
+
 def cmd_env_index(ns: argparse.Namespace) -> int:
     import json
 
@@ -225,6 +232,14 @@ def build_parser() -> argparse.ArgumentParser:
     env_check.add_argument("--agent", choices=["oracle", "noop"], default="oracle")
     env_check.add_argument("overrides", nargs="*", metavar="OVERRIDE", help="Hydra overrides")
     env_check.set_defaults(func=cmd_env_check)
+    env_serve = env.add_parser("serve-swe", help="score SWE patches here for runs elsewhere (their "
+                               "env.sandbox_urls), in this config's env.sandbox")
+    _add_config_args(env_serve)
+    env_serve.add_argument("--host", default="0.0.0.0")
+    env_serve.add_argument("--port", type=int, default=8900, help="0 picks a free port (see --address-file)")
+    env_serve.add_argument("--address-file", metavar="FILE", help="write {host, port, pid} here once listening")
+    env_serve.add_argument("overrides", nargs="*", metavar="OVERRIDE", help="Hydra overrides")
+    env_serve.set_defaults(func=cmd_env_serve_swe)
     env_index = env.add_parser("index", help="write the jsonl dataset rows (instruction, task.path) of a folder of "
                                "terminal tasks, for data.datasets[].path")
     env_index.add_argument("folder")

@@ -19,7 +19,8 @@ Reward (env.reward_mode): `binary` is 1 when every FAIL_TO_PASS and PASS_TO_PASS
 Patches are scored env.num_workers at a time, each within env.task_timeout_s.
 
 Extra env keys: reward_mode (binary | tests_pass; binary), integrity_check (true), repos_dir (the
-folder of repositories; default: `repos/` beside the task file).
+folder of repositories; default: `repos/` beside the task file), sandbox_urls (scoring servers on
+other machines, swe_server.py; default: score here).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from pathlib import Path, PurePosixPath
 
 from dockyard.config.schema.env import EnvConfig, SandboxConfig
 from dockyard.data.datasets import Prompt, split_row_slice
+from dockyard.envs.swe_server import RemoteScorers, ScoringServerError
 from dockyard.envs.swe_tasks import RepoStore, SweTask, SweTaskError, patch_files, read_task_file, task_from_row
 from dockyard.envs.terminal_trial import TrialResult, pytest_statuses
 from dockyard.sandboxes.base import SandboxError, SandboxSpec
@@ -157,7 +159,7 @@ def _status(result) -> str:
 class SweEnvironment:
     """Single-shot SWE tasks: the reply is a patch, scored by the task's tests in a sandbox."""
 
-    EXTRA_KEYS = frozenset({"reward_mode", "integrity_check", "repos_dir"})
+    EXTRA_KEYS = frozenset({"reward_mode", "integrity_check", "repos_dir", "sandbox_urls"})
 
     def __init__(self, config: EnvConfig):
         extra = dict(config.model_extra or {})
@@ -170,9 +172,18 @@ class SweEnvironment:
         integrity = extra.get("integrity_check", True)
         if not isinstance(integrity, bool):
             raise ValueError(f"env.integrity_check: must be true or false, got {integrity!r}")
+        urls = extra.get("sandbox_urls") or []
+        if not isinstance(urls, list) or not all(isinstance(u, str) and u.startswith(("http://", "https://"))
+                                                 for u in urls):
+            raise ValueError(f"env.sandbox_urls: must be a list of http(s) URLs of scoring servers, got {urls!r}")
         self.config = config
-        self.scorer = SweScorer(SandboxFactory(config.sandbox or SandboxConfig()), RepoStore(extra.get("repos_dir")),
-                                mode, integrity)
+        repos_dir = extra.get("repos_dir")
+        self.repos_dir = str(Path(repos_dir).resolve()) if repos_dir else None
+        # with scoring servers the sandboxes are theirs (env.sandbox applies there); none is made here
+        self.remote = RemoteScorers(urls, config.task_timeout_s) if urls else None
+        self.scorer = None if urls else SweScorer(SandboxFactory(config.sandbox or SandboxConfig()),
+                                                  RepoStore(repos_dir), mode, integrity)
+        self.reward_mode, self.integrity_check = mode, integrity
         self._tasks: dict[tuple[str, str], SweTask] = {}
         self._lock = threading.Lock()
 
@@ -187,10 +198,20 @@ class SweEnvironment:
                 self._tasks[key] = task_from_row(row, key[0])
             return self._tasks[key]
 
+    def judge(self, task: SweTask, patch: str) -> SweResult:
+        """The patch scored here, or by the least-busy scoring server (env.sandbox_urls)."""
+        if self.remote is None:
+            return self.scorer.score(task, patch)
+        answer = self.remote.score({"row": task.row, "task_file": str(Path(task.task_file).resolve()), "patch": patch,
+                                    "reward_mode": self.reward_mode, "integrity_check": self.integrity_check,
+                                    "repos_dir": self.repos_dir})
+        return SweResult(float(answer["reward"]), bool(answer["resolved"]), bool(answer["applied"]),
+                         list(answer["flagged"]), log=str(answer["log"]))
+
     def score(self, completion: str, prompt: Prompt) -> float:
         task = self.task_for(prompt)
-        result = self.scorer.score(task, extract_patch(completion) or "")
-        if result.flagged and self.scorer.integrity_check:
+        result = self.judge(task, extract_patch(completion) or "")
+        if result.flagged and self.integrity_check:
             print(f"swe: {task.instance_id}: integrity check: a patch edits {', '.join(result.flagged)}; "
                   "scored 0", file=sys.stderr, flush=True)
         return result.reward
@@ -212,11 +233,11 @@ class SweEnvironment:
         def trial(task: SweTask) -> TrialResult:
             result = TrialResult(task.instance_id, 0.0, 0.0)
             try:
-                scored = env.scorer.score(task, task.patch if agent == "oracle" else "")
+                scored = env.judge(task, task.patch if agent == "oracle" else "")
                 result.reward, result.test_output, result.seconds = scored.reward, scored.log, scored.seconds
                 if scored.flagged:
                     result.notes.append(f"integrity check flagged {', '.join(scored.flagged)}")
-            except (SweTaskError, SandboxError) as err:
+            except (SweTaskError, SandboxError, ScoringServerError) as err:
                 result.error = str(err)
             return result
 

@@ -55,6 +55,7 @@ class SweTask:
     setup_command: str         # SWE-bench Pro's before_repo_set_cmd ("" for SWE-bench)
     source: str                # the task file (and line), for messages
     task_file: str             # the task file, which the default repos folder is beside
+    row: dict                  # the row as read (what a scoring server is sent)
 
     @property
     def where(self) -> str:
@@ -106,7 +107,7 @@ def task_from_row(row: dict, task_file: str, line: int | None = None) -> SweTask
     command = row.get("test_cmd") or f"{PYTEST} {' '.join(shlex.quote(f) for f in test_files)}"
     return SweTask(instance_id, row["repo"], row["base_commit"], str(row.get("problem_statement", "")),
                    str(row.get("patch") or ""), row["test_patch"], fail_to_pass, pass_to_pass, test_files,
-                   str(command), str(row.get("before_repo_set_cmd") or ""), source, str(task_file))
+                   str(command), str(row.get("before_repo_set_cmd") or ""), source, str(task_file), row)
 
 
 def read_task_file(path: str | Path) -> tuple[list[SweTask], list[str]]:

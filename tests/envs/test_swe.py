@@ -186,3 +186,50 @@ def test_a_row_is_refused_by_column():
         task_from_row({**row, "FAIL_TO_PASS": "[tests"}, "f.jsonl", 7)
     with pytest.raises(SweTaskError, match="no base_commit"):
         task_from_row({k: v for k, v in row.items() if k != "base_commit"}, "f.jsonl", 1)
+
+
+@pytest.fixture(scope="module")
+def scoring_server(tmp_path_factory):
+    """A real `dockyard env serve-swe` process (bubblewrap sandboxes) on a free port; yields its URL."""
+    import os
+    import time
+
+    folder = tmp_path_factory.mktemp("swe-server")
+    address = folder / "address.json"
+    log = open(folder / "server.log", "w")
+    process = subprocess.Popen([sys.executable, "-m", "dockyard.cli", "env", "serve-swe", "--config", "grpo_swe_local.yaml",
+                                "--host", "127.0.0.1", "--port", "0", "--address-file", str(address), "models_dir=models"],
+                               cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    deadline = time.monotonic() + 120
+    while not address.exists():
+        assert process.poll() is None and time.monotonic() < deadline, (folder / "server.log").read_text()
+        time.sleep(0.2)
+    yield f"http://127.0.0.1:{json.loads(address.read_text())['port']}"
+    process.terminate()
+    process.wait(timeout=30)
+    log.close()
+
+
+@needs_bwrap
+def test_patches_are_scored_by_the_scoring_servers_in_sandbox_urls(scoring_server, tmp_path):
+    from dockyard.config.schema.env import EnvConfig
+    from dockyard.data.datasets import Prompt
+    from dockyard.envs.swe import SweEnvironment
+    from dockyard.envs.swe_server import ScoringServerError
+
+    dead = "http://127.0.0.1:9"   # the discard port: nothing listens
+    env = SweEnvironment(EnvConfig(name="swe", sandbox_urls=[scoring_server], reward_mode="tests_pass"))
+    assert env.scorer is None    # nothing is scored on this machine
+    row = json.loads((SHIPPED / "swe_bench.jsonl").read_text().splitlines()[3])
+    prompt = Prompt(row["text"], row["patch"], row, "swe", str(SHIPPED / "swe_bench.jsonl"))
+    assert env.score(f"<patch>\n{row['patch']}</patch>", prompt) == 1.0
+    assert env.score("no patch at all", prompt) == 0.0
+    assert env.judge(env.task_for(prompt), CHEAT).flagged == ["conftest.py"]
+    cfg = load_config("grpo_swe_local.yaml", ["models_dir=models", f"+env.sandbox_urls=[{scoring_server}]"]).config
+    out = io.StringIO()
+    assert check(cfg, str(SHIPPED / "swe_pro.jsonl"), "oracle", out) == 0, out.getvalue()
+    unreachable = SweEnvironment(EnvConfig(name="swe", sandbox_urls=[dead]))
+    with pytest.raises(ScoringServerError, match=f"scoring server {dead} .env.sandbox_urls. did not answer /score"):
+        unreachable.score(row["patch"], prompt)
+    with pytest.raises(ValueError, match="env.sandbox_urls: must be a list of http"):
+        SweEnvironment(EnvConfig(name="swe", sandbox_urls="node3:8900"))
