@@ -56,6 +56,35 @@ def kept_rows(kept: list[Prompt], dropped: list[tuple[Prompt, str]], env: str) -
     return kept
 
 
+class AnswerEnvironment:
+    """What hle and gpqa share: settings checked by name, an optional env.reward, rows turned into
+    prompts (split_rows, by each) with the unusable ones left out, and env check's reference replies."""
+
+    NAME = ""
+    EXTRA_KEYS: frozenset = frozenset()
+
+    def __init__(self, config):
+        from dockyard import registry
+
+        self.extra = dict(config.model_extra or {})
+        unknown = sorted(set(self.extra) - self.EXTRA_KEYS)
+        if unknown:
+            known = ", ".join(sorted(self.EXTRA_KEYS)) or "none beyond the schema's"
+            raise ValueError(f"env.{unknown[0]}: not a setting of the {self.NAME} environment (known: {known})")
+        self.reward = (registry.build("reward", config.reward.name, **(config.reward.model_extra or {}))
+                       if config.reward is not None else None)
+
+    def split_rows(self, prompts: list[Prompt]) -> tuple[list[Prompt], list[tuple[Prompt, str]]]:
+        raise NotImplementedError
+
+    def prepare_prompts(self, prompts: list[Prompt]) -> list[Prompt]:
+        return kept_rows(*self.split_rows(prompts), self.NAME)
+
+    @classmethod
+    def reference_trials(cls, cfg, source, agent: str):
+        return answer_trials(cls, cfg, source, agent)
+
+
 def answer_trials(env_class, cfg, source, agent: str):
     """`dockyard env check` for an environment whose reply is an answer: the oracle replies with the
     row's reference answer in the asked format (env.reference_reply), the no-op agent with nothing;

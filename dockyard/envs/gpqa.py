@@ -18,37 +18,25 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-from dockyard import registry
 from dockyard.config.schema.env import EnvConfig
 from dockyard.data.datasets import Prompt
-from dockyard.envs.answers import LETTERS, answer_trials, choice_letter, kept_rows
+from dockyard.envs.answers import LETTERS, AnswerEnvironment, choice_letter
 
 INCORRECT = ("Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3")
 DEFAULT_INSTRUCTION = "Think it through, then end with a line `Answer: X`, X the letter of your choice."
 
 
-class GpqaEnvironment:
+class GpqaEnvironment(AnswerEnvironment):
+    NAME = "gpqa"
     EXTRA_KEYS = frozenset({"choices_shuffle_seed", "instruction"})
 
     def __init__(self, config: EnvConfig):
-        extra = dict(config.model_extra or {})
-        unknown = sorted(set(extra) - self.EXTRA_KEYS)
-        if unknown:
-            raise ValueError(f"env.{unknown[0]}: not a gpqa setting (known: {', '.join(sorted(self.EXTRA_KEYS))})")
-        seed = extra.get("choices_shuffle_seed", 0)
+        super().__init__(config)
+        seed = self.extra.get("choices_shuffle_seed", 0)
         if not isinstance(seed, int) or isinstance(seed, bool):
             raise ValueError(f"env.choices_shuffle_seed: must be a whole number, got {seed!r}")
         self.seed = seed
-        self.instruction = extra.get("instruction", DEFAULT_INSTRUCTION)
-        self.reward = (registry.build("reward", config.reward.name, **(config.reward.model_extra or {}))
-                       if config.reward is not None else None)
-
-    def prepare_prompts(self, prompts: list[Prompt]) -> list[Prompt]:
-        return kept_rows(*self.split_rows(prompts), "gpqa")
-
-    @classmethod
-    def reference_trials(cls, cfg, source, agent: str):
-        return answer_trials(cls, cfg, source, agent)
+        self.instruction = self.extra.get("instruction", DEFAULT_INSTRUCTION)
 
     def split_rows(self, prompts: list[Prompt]) -> tuple[list[Prompt], list[tuple[Prompt, str]]]:
         """Each question with its answers dealt into lettered choices; the label becomes the letter."""

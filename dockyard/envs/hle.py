@@ -17,10 +17,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from dockyard import registry
-from dockyard.config.schema.env import EnvConfig
 from dockyard.data.datasets import Prompt
-from dockyard.envs.answers import LETTERS, answer_trials, choice_letter, final_answer, kept_rows, same_answer
+from dockyard.envs.answers import LETTERS, AnswerEnvironment, choice_letter, final_answer, same_answer
 
 SYSTEM = {
     "exactMatch": "Your response should be in the following format:\nExplanation: {your explanation for your "
@@ -32,22 +30,8 @@ SYSTEM = {
 }
 
 
-class HleEnvironment:
-    EXTRA_KEYS = frozenset()
-
-    def __init__(self, config: EnvConfig):
-        extra = dict(config.model_extra or {})
-        if extra:
-            raise ValueError(f"env.{sorted(extra)[0]}: not an hle setting (it has none beyond the schema's)")
-        self.reward = (registry.build("reward", config.reward.name, **(config.reward.model_extra or {}))
-                       if config.reward is not None else None)
-
-    def prepare_prompts(self, prompts: list[Prompt]) -> list[Prompt]:
-        return kept_rows(*self.split_rows(prompts), "hle")
-
-    @classmethod
-    def reference_trials(cls, cfg, source, agent: str):
-        return answer_trials(cls, cfg, source, agent)
+class HleEnvironment(AnswerEnvironment):
+    NAME = "hle"
 
     def split_rows(self, prompts: list[Prompt]) -> tuple[list[Prompt], list[tuple[Prompt, str]]]:
         """Each question as HLE asks it: its answer type's response format as the system message."""

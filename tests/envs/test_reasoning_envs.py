@@ -123,9 +123,9 @@ def test_env_check_on_the_shipped_sets(config, count):
 
 
 def test_unknown_settings_are_refused_by_name():
-    with pytest.raises(ValueError, match="env.choices_seed: not a gpqa setting"):
+    with pytest.raises(ValueError, match="env.choices_seed: not a setting of the gpqa environment"):
         GpqaEnvironment(EnvConfig(name="gpqa", choices_seed=1))
     with pytest.raises(ValueError, match="env.choices_shuffle_seed: must be a whole number"):
         GpqaEnvironment(EnvConfig(name="gpqa", choices_shuffle_seed="x"))
-    with pytest.raises(ValueError, match="env.instruction: not an hle setting"):
+    with pytest.raises(ValueError, match="env.instruction: not a setting of the hle environment .known: none"):
         HleEnvironment(EnvConfig(name="hle", instruction="x"))
