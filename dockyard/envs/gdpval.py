@@ -87,6 +87,9 @@ class GdpvalEnvironment:
             raise ValueError("env.reward: gdpval is graded by each task's rubric; set env.reward to null")
         self.config, self.formats = config, list(formats)
         self.multi_turn = config.agent is not None
+        agent_only = sorted(set(extra) & {"tool_format", "max_output_chars"})
+        if agent_only and not self.multi_turn:
+            raise ValueError(f"env.{agent_only[0]}: a setting of the agentic gdpval (env.agent); single shot has no tools")
         if not self.multi_turn and config.sandbox is not None:
             raise ValueError("env.sandbox: single-shot gdpval runs nothing in a sandbox; set env.sandbox to null "
                              "or give it an agent (env.agent: tool_calling)")

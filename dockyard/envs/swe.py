@@ -1,6 +1,8 @@
-"""`swe`: SWE-bench style repository tasks, single shot. The model reads an issue (and whatever code
-the prompt column carries) and answers with one patch; the patch is scored in a fresh sandbox by the
-task's own tests, the way the SWE-bench harness does it.
+"""`swe`: SWE-bench style repository tasks. Single shot (env.agent null): the model reads an issue (and
+whatever code the prompt column carries) and answers with one patch. Agentic (env.agent tool_calling):
+the agent works in a sandbox holding the repository at base_commit (/testbed) through a shell, and the
+diff it leaves against base_commit is its patch. Either way the patch is scored in a fresh sandbox by
+the task's own tests, the way the SWE-bench harness does it.
 
 A dataset row is a task in SWE-bench's or SWE-bench Pro's columns (swe_tasks.py); set the dataset's
 metadata_key to null so the environment gets the whole row. Scoring one patch:
@@ -20,7 +22,8 @@ Patches are scored env.num_workers at a time, each within env.task_timeout_s.
 
 Extra env keys: reward_mode (binary | tests_pass; binary), integrity_check (true), repos_dir (the
 folder of repositories; default: `repos/` beside the task file), sandbox_urls (scoring servers on
-other machines, swe_server.py; default: score here).
+other machines, swe_server.py; default: score here); agentic: tool_format, max_output_chars (as
+terminal_bench).
 """
 
 from __future__ import annotations
@@ -32,13 +35,15 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
+from dockyard.agents.tool_format import TERMINAL_TOOLS
 from dockyard.config.schema.env import EnvConfig, SandboxConfig
 from dockyard.data.datasets import Prompt, split_row_slice
 from dockyard.envs.swe_server import RemoteScorers, ScoringServerError
 from dockyard.envs.swe_tasks import RepoStore, SweTask, SweTaskError, patch_files, read_task_file, task_from_row
+from dockyard.envs.terminal_bench import ShellEpisode
 from dockyard.envs.terminal_trial import TrialResult, pytest_statuses
 from dockyard.sandboxes.base import SandboxError, SandboxSpec
 from dockyard.sandboxes.factory import SandboxFactory
@@ -157,15 +162,23 @@ def _status(result) -> str:
 
 
 class SweEnvironment:
-    """Single-shot SWE tasks: the reply is a patch, scored by the task's tests in a sandbox."""
+    """SWE tasks, single shot (the reply is a patch) or agentic (the agent edits the repository in a
+    sandbox; the diff it leaves is the patch). Either way the patch is scored by the task's tests."""
 
-    EXTRA_KEYS = frozenset({"reward_mode", "integrity_check", "repos_dir", "sandbox_urls"})
+    multi_turn = None    # either way: single shot without env.agent, agentic with one
+    tools = TERMINAL_TOOLS
+    AGENT_KEYS = frozenset({"tool_format", "max_output_chars"})
+    EXTRA_KEYS = frozenset({"reward_mode", "integrity_check", "repos_dir", "sandbox_urls"}) | AGENT_KEYS
 
     def __init__(self, config: EnvConfig):
         extra = dict(config.model_extra or {})
         unknown = sorted(set(extra) - self.EXTRA_KEYS)
         if unknown:
             raise ValueError(f"env.{unknown[0]}: not a swe setting (known: {', '.join(sorted(self.EXTRA_KEYS))})")
+        self.multi_turn = config.agent is not None
+        agent_only = sorted(set(extra) & self.AGENT_KEYS)
+        if agent_only and not self.multi_turn:
+            raise ValueError(f"env.{agent_only[0]}: a setting of the agentic swe (env.agent); single shot has no tools")
         mode = extra.get("reward_mode", "binary")
         if mode not in REWARD_MODES:
             raise ValueError(f"env.reward_mode: {mode!r} is not one of {', '.join(REWARD_MODES)}")
@@ -179,13 +192,34 @@ class SweEnvironment:
         self.config = config
         repos_dir = extra.get("repos_dir")
         self.repos_dir = str(Path(repos_dir).resolve()) if repos_dir else None
-        # with scoring servers the sandboxes are theirs (env.sandbox applies there); none is made here
+        self.repos = RepoStore(repos_dir)
+        self.tool_format = str(extra.get("tool_format", "auto"))
+        self.max_output_chars = int(extra.get("max_output_chars", 4000))
+        # the agent's sandboxes are here; with scoring servers the scoring sandboxes are theirs
+        # (env.sandbox applies there), so a single-shot run with servers makes none here
+        self.sandboxes = (SandboxFactory(config.sandbox or SandboxConfig()) if self.multi_turn or not urls else None)
         self.remote = RemoteScorers(urls, config.task_timeout_s) if urls else None
-        self.scorer = None if urls else SweScorer(SandboxFactory(config.sandbox or SandboxConfig()),
-                                                  RepoStore(repos_dir), mode, integrity)
+        self.scorer = None if urls else SweScorer(self.sandboxes, self.repos, mode, integrity)
         self.reward_mode, self.integrity_check = mode, integrity
         self._tasks: dict[tuple[str, str], SweTask] = {}
         self._lock = threading.Lock()
+
+    @property
+    def capacity(self) -> int | None:
+        """Agentic episodes open at once: one sandbox each."""
+        return self.sandboxes.config.max_concurrent if self.multi_turn else None
+
+    def prepare_prompts(self, prompts: list[Prompt]) -> list[Prompt]:
+        """Agentic: each issue with where the repository is and how to finish."""
+        if not self.multi_turn:
+            return prompts
+        return [replace(p, input=str(p.input).rstrip() + f"\n\nThe repository is checked out in {TESTBED}, your "
+                        "working directory. Change its code to resolve the issue, then submit. Leave the tests alone: "
+                        "a file you change or add that is a test (under tests/, test_*.py, conftest.py) scores 0.")
+                for p in prompts]
+
+    def open(self, prompt: Prompt) -> "SweEpisode":
+        return SweEpisode(self, self.task_for(prompt))
 
     def task_for(self, prompt: Prompt) -> SweTask:
         row = prompt.metadata
@@ -243,3 +277,43 @@ class SweEnvironment:
 
         with ThreadPoolExecutor(max_workers=cfg.env.num_workers) as pool:
             return list(pool.map(trial, tasks)), problems
+
+
+class SweEpisode(ShellEpisode):
+    """The agentic way: the repository at base_commit in a sandbox, the agent's shell in it; at the end
+    the diff of its work tree against base_commit is the patch, scored like a single-shot one (in a
+    fresh sandbox, with the integrity check)."""
+
+    def __init__(self, env: SweEnvironment, task: SweTask):
+        self.env, self.task = env, task
+        checkout = env.repos.checkout(task)
+        sandbox = env.sandboxes.create(SandboxSpec(workdir=TESTBED, files=[(checkout, TESTBED)],
+                                                   name=f"task {task.instance_id}"))
+        super().__init__(sandbox, env.config.task_timeout_s, env.max_output_chars, f"task {task.instance_id}")
+        if task.setup_command.strip():
+            setup = sandbox.run(task.setup_command)
+            if not setup.ok:
+                sandbox.destroy()
+                raise SweTaskError(f"{task.where}: before_repo_set_cmd failed ({_status(setup)})")
+
+    def patch(self) -> str:
+        """The agent's changes as a diff against base_commit (new files included; caches left out)."""
+        saved = f"{TESTBED}/.git/dockyard-agent.patch"
+        result = self.sandbox.run("rm -rf .pytest_cache; find . -name __pycache__ -type d -prune -exec rm -rf {} +; "
+                                  f"git add -A && git diff --cached --no-color {self.task.base_commit} > {saved}")
+        if not result.ok:
+            return ""
+        with tempfile.TemporaryDirectory() as folder:
+            self.sandbox.copy_out(saved, Path(folder) / "agent.patch")
+            return (Path(folder) / "agent.patch").read_text(errors="replace")
+
+    def finish(self) -> float:
+        self.shell.close()
+        patch = self.patch()
+        result = self.env.judge(self.task, patch)
+        if result.flagged and self.env.integrity_check:
+            print(f"swe: {self.task.instance_id}: integrity check: the agent edited {', '.join(result.flagged)}; "
+                  "scored 0", file=sys.stderr, flush=True)
+        self.events.append({"patch": patch[-4000:], "tests": result.log[-4000:], "flagged": result.flagged,
+                            "reward": result.reward})
+        return result.reward

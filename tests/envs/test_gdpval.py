@@ -93,6 +93,8 @@ def test_bad_rubrics_and_tasks_are_refused_by_name(tmp_path, capsys):
     assert "task budget-workbook: its xlsx deliverable is not in env.output_formats" in err
     with pytest.raises(ValueError, match="env.grader: 'judge' is not built"):
         GdpvalEnvironment(EnvConfig(name="gdpval", grader="judge"))
+    with pytest.raises(ValueError, match="env.tool_format: a setting of the agentic gdpval"):
+        GdpvalEnvironment(EnvConfig(name="gdpval", tool_format="plain"))
     with pytest.raises(ValueError, match="env.sandbox: single-shot gdpval runs nothing"):
         GdpvalEnvironment(EnvConfig(name="gdpval", sandbox=SandboxConfig()))
 

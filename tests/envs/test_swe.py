@@ -233,3 +233,38 @@ def test_patches_are_scored_by_the_scoring_servers_in_sandbox_urls(scoring_serve
         unreachable.score(row["patch"], prompt)
     with pytest.raises(ValueError, match="env.sandbox_urls: must be a list of http"):
         SweEnvironment(EnvConfig(name="swe", sandbox_urls="node3:8900"))
+    with pytest.raises(ValueError, match="env.max_output_chars: a setting of the agentic swe"):
+        SweEnvironment(EnvConfig(name="swe", max_output_chars=100))
+
+
+@needs_bwrap
+def test_an_agents_work_tree_is_its_patch_and_edits_to_tests_are_caught():
+    from dockyard.agents.tool_format import Action
+    from dockyard.config.schema.env import EnvConfig
+    from dockyard.data.datasets import Prompt
+    from dockyard.envs.swe import SweEnvironment
+
+    env = SweEnvironment(EnvConfig(name="swe", agent="tool_calling", sandbox=SandboxConfig(
+        type="bubblewrap", command_exec_timeout_s=60, max_processes=64)))
+    row = json.loads((SHIPPED / "swe_bench.jsonl").read_text().splitlines()[0])   # slugify-collapse
+    [prompt] = env.prepare_prompts([Prompt(row["problem_statement"], row["patch"], row, "swe", str(SHIPPED / "swe_bench.jsonl"))])
+    assert "checked out in /testbed" in prompt.input
+
+    def episode(*commands: str) -> tuple[float, list]:
+        handle = env.open(prompt)
+        try:
+            outputs = [handle.execute(Action("tool", "bash", {"command": c})) for c in commands]
+            return handle.finish(), outputs + [handle.events[-1]]
+        finally:
+            handle.close()
+
+    fix = "sed -i 's/\\[^a-z0-9\\]\"/[^a-z0-9]+\"/' textkit/slug.py"
+    reward, outputs = episode("cat textkit/slug.py", fix, "python3 -m pytest -q tests 2>&1 | tail -1")
+    assert "def slugify" in outputs[0] and "passed" in outputs[2]
+    assert reward == 1.0, outputs[-1]
+    assert "+    text = re.sub(r\"[^a-z0-9]+\", \"-\", text)" in outputs[-1]["patch"]
+    assert "__pycache__" not in outputs[-1]["patch"]          # the agent's test run left caches; not part of the patch
+    assert episode("ls")[0] == 0.0                            # no work
+    cheat = "printf 'import pytest\\n' > conftest.py"
+    reward, outputs = episode(fix, cheat)
+    assert reward == 0.0 and outputs[-1]["flagged"] == ["conftest.py"]

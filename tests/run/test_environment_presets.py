@@ -1,5 +1,5 @@
-"""The local presets of the config family's environments (swe, swe_pro, program_bench, hle, gpqa,
-gdpval single shot and agentic) each train a step in this process (loop_run): the tiny model's
+"""The local presets of the config family's environments (swe single shot and agentic, swe_pro,
+program_bench, hle, gpqa, gdpval single shot and agentic) each train a step in this process (loop_run): the tiny model's
 replies go through the environment's own prompts, sandboxes and scoring, and every trajectory is
 scored without an error."""
 
@@ -18,6 +18,8 @@ SMALL = ("grpo.max_num_steps=1", "checkpointing.enabled=false", "policy.generati
 
 PRESETS = {   # each preset's own task paths (tasks/... from the run's folder), smaller where it matters
     "grpo_swe_local.yaml": (),
+    "grpo_swe_local.yaml+agent": ("env.agent=tool_calling", "grpo.max_rollout_turns=2", "+env.tool_format=plain",
+                                  "data.datasets.0.input_key=problem_statement"),   # the agent reads the code itself
     "grpo_swe_pro_local.yaml": ("policy.dtensor_cfg.context_parallel_size=1", "cluster.cpu_ranks_per_node=1"),
     "grpo_program_bench_local.yaml": (),
     "grpo_hle_local.yaml": (),
@@ -31,7 +33,7 @@ PRESETS = {   # each preset's own task paths (tasks/... from the run's folder), 
 @pytest.mark.parametrize("preset", list(PRESETS))
 def test_each_environment_preset_trains_a_step(loop_run, tiny_model, tmp_path, preset):
     (tmp_path / "tasks").symlink_to(TASKS)
-    run = loop_run(tmp_path, f"policy.model_name={tiny_model}", *SMALL, *PRESETS[preset], config=preset)
+    run = loop_run(tmp_path, f"policy.model_name={tiny_model}", *SMALL, *PRESETS[preset], config=preset.split("+")[0])
     assert "Traceback" not in run.output
     [metrics] = [json.loads(line) for line in next(tmp_path.glob("runs/*/logs/metrics.jsonl")).read_text().splitlines()
                  if '"train/loss"' in line]
@@ -46,3 +48,5 @@ def test_each_environment_preset_trains_a_step(loop_run, tiny_model, tmp_path, p
         assert "val/accuracy" in json.loads(next(tmp_path.glob("runs/*/logs/metrics.jsonl")).read_text().splitlines()[0])
     if preset == "grpo_gdpval_agentic_local.yaml":
         assert all(r["turns"] for r in records)
+    if preset == "grpo_swe_local.yaml+agent":   # the agent's episodes ended with their diff scored
+        assert all(r["turns"] and "patch" in r["sandbox_events"][-1] for r in records)
