@@ -63,14 +63,20 @@ class AnswerEnvironment:
     NAME = ""
     EXTRA_KEYS: frozenset = frozenset()
 
+    @classmethod
+    def check_settings(cls, config) -> dict:
+        """The env settings, checked (ValueError naming the field); the preflight calls it too."""
+        extra = dict(config.model_extra or {})
+        unknown = sorted(set(extra) - cls.EXTRA_KEYS)
+        if unknown:
+            known = ", ".join(sorted(cls.EXTRA_KEYS)) or "none beyond the schema's"
+            raise ValueError(f"env.{unknown[0]}: not a setting of the {cls.NAME} environment (known: {known})")
+        return extra
+
     def __init__(self, config):
         from dockyard import registry
 
-        self.extra = dict(config.model_extra or {})
-        unknown = sorted(set(self.extra) - self.EXTRA_KEYS)
-        if unknown:
-            known = ", ".join(sorted(self.EXTRA_KEYS)) or "none beyond the schema's"
-            raise ValueError(f"env.{unknown[0]}: not a setting of the {self.NAME} environment (known: {known})")
+        self.extra = self.check_settings(config)
         self.reward = (registry.build("reward", config.reward.name, **(config.reward.model_extra or {}))
                        if config.reward is not None else None)
 

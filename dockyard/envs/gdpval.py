@@ -71,7 +71,9 @@ class GdpvalEnvironment:
     tools = TERMINAL_TOOLS
     EXTRA_KEYS = frozenset(KNOWN_EXTRA)
 
-    def __init__(self, config: EnvConfig):
+    @classmethod
+    def check_settings(cls, config: EnvConfig) -> dict:
+        """The env settings, checked (ValueError naming the field); the preflight calls it too."""
         extra = dict(config.model_extra or {})
         unknown = sorted(set(extra) - KNOWN_EXTRA)
         if unknown:
@@ -80,19 +82,23 @@ class GdpvalEnvironment:
             raise ValueError(f"env.grader: {extra['grader']!r} is not built; gdpval grades by each task's rubric "
                              "checks (grader: rubric)")
         formats = extra.get("output_formats", list(TEXT_FORMATS + BINARY_FORMATS))
-        unknown_formats = [f for f in formats if f not in TEXT_FORMATS + BINARY_FORMATS]
-        if not isinstance(formats, list) or unknown_formats or not formats:
+        if not isinstance(formats, list) or not formats or any(f not in TEXT_FORMATS + BINARY_FORMATS for f in formats):
             raise ValueError(f"env.output_formats: must list formats among {', '.join(TEXT_FORMATS + BINARY_FORMATS)}")
         if config.reward is not None:
             raise ValueError("env.reward: gdpval is graded by each task's rubric; set env.reward to null")
-        self.config, self.formats = config, list(formats)
-        self.multi_turn = config.agent is not None
         agent_only = sorted(set(extra) & {"tool_format", "max_output_chars"})
-        if agent_only and not self.multi_turn:
+        if agent_only and config.agent is None:
             raise ValueError(f"env.{agent_only[0]}: a setting of the agentic gdpval (env.agent); single shot has no tools")
-        if not self.multi_turn and config.sandbox is not None:
+        if config.agent is None and config.sandbox is not None:
             raise ValueError("env.sandbox: single-shot gdpval runs nothing in a sandbox; set env.sandbox to null "
                              "or give it an agent (env.agent: tool_calling)")
+        return extra
+
+    def __init__(self, config: EnvConfig):
+        extra = self.check_settings(config)
+        self.config = config
+        self.formats = list(extra.get("output_formats", list(TEXT_FORMATS + BINARY_FORMATS)))
+        self.multi_turn = config.agent is not None
         self.tool_format = str(extra.get("tool_format", "auto"))
         self.max_output_chars = int(extra.get("max_output_chars", 4000))
         self.sandboxes = SandboxFactory(config.sandbox or SandboxConfig()) if self.multi_turn else None

@@ -30,12 +30,17 @@ class GpqaEnvironment(AnswerEnvironment):
     NAME = "gpqa"
     EXTRA_KEYS = frozenset({"choices_shuffle_seed", "instruction"})
 
-    def __init__(self, config: EnvConfig):
-        super().__init__(config)
-        seed = self.extra.get("choices_shuffle_seed", 0)
+    @classmethod
+    def check_settings(cls, config: EnvConfig) -> dict:
+        extra = super().check_settings(config)
+        seed = extra.get("choices_shuffle_seed", 0)
         if not isinstance(seed, int) or isinstance(seed, bool):
             raise ValueError(f"env.choices_shuffle_seed: must be a whole number, got {seed!r}")
-        self.seed = seed
+        return extra
+
+    def __init__(self, config: EnvConfig):
+        super().__init__(config)
+        self.seed = self.extra.get("choices_shuffle_seed", 0)
         self.instruction = self.extra.get("instruction", DEFAULT_INSTRUCTION)
 
     def split_rows(self, prompts: list[Prompt]) -> tuple[list[Prompt], list[tuple[Prompt, str]]]:

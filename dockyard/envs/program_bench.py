@@ -130,22 +130,28 @@ def _same_value(got: str, want: object) -> bool:
 class ProgramBenchEnvironment:
     EXTRA_KEYS = frozenset({"language", "tests_per_problem", "reward_mode"})
 
-    def __init__(self, config: EnvConfig):
+    @classmethod
+    def check_settings(cls, config: EnvConfig) -> dict:
+        """The env settings, checked (ValueError naming the field); the preflight calls it too."""
         extra = dict(config.model_extra or {})
-        unknown = sorted(set(extra) - self.EXTRA_KEYS)
+        unknown = sorted(set(extra) - cls.EXTRA_KEYS)
         if unknown:
-            raise ValueError(f"env.{unknown[0]}: not a program_bench setting (known: {', '.join(sorted(self.EXTRA_KEYS))})")
+            raise ValueError(f"env.{unknown[0]}: not a program_bench setting (known: {', '.join(sorted(cls.EXTRA_KEYS))})")
         if extra.get("language", "python") != "python":
             raise ValueError(f"env.language: {extra['language']!r} is not built; program_bench runs python")
         limit = extra.get("tests_per_problem")
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
             raise ValueError(f"env.tests_per_problem: must be a positive whole number or null, got {limit!r}")
-        self.reward_mode = extra.get("reward_mode", "fraction")
-        if self.reward_mode not in REWARD_MODES:
-            raise ValueError(f"env.reward_mode: {self.reward_mode!r} is not one of {', '.join(REWARD_MODES)}")
+        if extra.get("reward_mode", "fraction") not in REWARD_MODES:
+            raise ValueError(f"env.reward_mode: {extra['reward_mode']!r} is not one of {', '.join(REWARD_MODES)}")
         if config.reward is not None:
             raise ValueError("env.reward: program_bench is scored by its tests; set env.reward to null")
-        self.limit = limit
+        return extra
+
+    def __init__(self, config: EnvConfig):
+        extra = self.check_settings(config)
+        self.reward_mode = extra.get("reward_mode", "fraction")
+        self.limit = extra.get("tests_per_problem")
         self.sandboxes = SandboxFactory(config.sandbox or SandboxConfig())
 
     def score(self, completion: str, prompt: Prompt) -> float:

@@ -170,14 +170,15 @@ class SweEnvironment:
     AGENT_KEYS = frozenset({"tool_format", "max_output_chars"})
     EXTRA_KEYS = frozenset({"reward_mode", "integrity_check", "repos_dir", "sandbox_urls"}) | AGENT_KEYS
 
-    def __init__(self, config: EnvConfig):
+    @classmethod
+    def check_settings(cls, config: EnvConfig) -> dict:
+        """The env settings, checked (ValueError naming the field); the preflight calls it too."""
         extra = dict(config.model_extra or {})
-        unknown = sorted(set(extra) - self.EXTRA_KEYS)
+        unknown = sorted(set(extra) - cls.EXTRA_KEYS)
         if unknown:
-            raise ValueError(f"env.{unknown[0]}: not a swe setting (known: {', '.join(sorted(self.EXTRA_KEYS))})")
-        self.multi_turn = config.agent is not None
-        agent_only = sorted(set(extra) & self.AGENT_KEYS)
-        if agent_only and not self.multi_turn:
+            raise ValueError(f"env.{unknown[0]}: not a swe setting (known: {', '.join(sorted(cls.EXTRA_KEYS))})")
+        agent_only = sorted(set(extra) & cls.AGENT_KEYS)
+        if agent_only and config.agent is None:
             raise ValueError(f"env.{agent_only[0]}: a setting of the agentic swe (env.agent); single shot has no tools")
         mode = extra.get("reward_mode", "binary")
         if mode not in REWARD_MODES:
@@ -189,6 +190,13 @@ class SweEnvironment:
         if not isinstance(urls, list) or not all(isinstance(u, str) and u.startswith(("http://", "https://"))
                                                  for u in urls):
             raise ValueError(f"env.sandbox_urls: must be a list of http(s) URLs of scoring servers, got {urls!r}")
+        return extra
+
+    def __init__(self, config: EnvConfig):
+        extra = self.check_settings(config)
+        mode, integrity = extra.get("reward_mode", "binary"), extra.get("integrity_check", True)
+        urls = extra.get("sandbox_urls") or []
+        self.multi_turn = config.agent is not None
         self.config = config
         repos_dir = extra.get("repos_dir")
         self.repos_dir = str(Path(repos_dir).resolve()) if repos_dir else None

@@ -126,6 +126,13 @@ def _environment_settings(cfg: MasterConfig) -> list[Problem]:
         problems += [Problem(f"env.{key}", f"not a setting of the {cfg.env.name!r} environment (it takes "
                              f"{', '.join(sorted(known)) or 'none'}); remove it")
                      for key in sorted(set(cfg.env.model_extra or {}) - known)]
+    check = getattr(entry.factory, "check_settings", None) if entry.factory is not None else None
+    if check is not None and not problems:   # the values of the keys it reads (their names are checked above)
+        try:
+            check(cfg.env)
+        except ValueError as err:
+            path, _, message = str(err).partition(": ")
+            problems.append(Problem(path if path.startswith("env.") else "env", message or str(err)))
     if cfg.env.sandbox is not None:
         try:
             limits_from(cfg.env.sandbox)

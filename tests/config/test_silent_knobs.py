@@ -173,6 +173,23 @@ def test_sandbox_and_environment_extras_are_checked_before_start():
     assert not unsupported(load_config("grpo_terminal_bench_local.yaml", ["models_dir=models"]).config)
 
 
+@pytest.mark.parametrize("config,override,refused", [
+    ("grpo_swe_local.yaml", "env.reward_mode=sometimes", "env.reward_mode: 'sometimes' is not one of binary, tests_pass"),
+    ("grpo_swe_local.yaml", "+env.sandbox_urls=node3", "env.sandbox_urls: must be a list of http(s) URLs"),
+    ("grpo_swe_local.yaml", "+env.tool_format=plain", "env.tool_format: a setting of the agentic swe"),
+    ("grpo_program_bench_local.yaml", "env.tests_per_problem=0", "env.tests_per_problem: must be a positive"),
+    ("grpo_program_bench_local.yaml", "env.language=rust", "env.language: 'rust' is not built"),
+    ("gpqa_local.yaml", "env.choices_shuffle_seed=x", "env.choices_shuffle_seed: must be a whole number"),
+    ("grpo_gdpval_local.yaml", "env.output_formats=[pdf]", "env.output_formats: must list formats"),
+    ("grpo_gdpval_local.yaml", "env.grader=judge", "env.grader: 'judge' is not built"),
+])
+def test_environment_setting_values_are_refused_before_start(config, override, refused):
+    """What an environment would refuse when the job builds it is refused before the queue."""
+    problems = [str(p) for p in unsupported(load_config(config, ["models_dir=models", override]).config)]
+    assert any(p.startswith(refused) for p in problems), problems
+    assert not unsupported(load_config(config, ["models_dir=models"]).config)
+
+
 def test_rollout_timeout_s_bounds_each_generation_request(engine_server, tiny_model):
     from types import SimpleNamespace
 
