@@ -95,14 +95,11 @@ def answer_trials(env_class, cfg, source, agent: str):
     """`dockyard env check` for an environment whose reply is an answer: the oracle replies with the
     row's reference answer in the asked format (env.reference_reply), the no-op agent with nothing;
     each through the environment's own prompts and scoring. Rows it leaves out are reported apart."""
-    from dockyard.data.datasets import load_prompts
+    from dockyard.envs.check import source_prompts
     from dockyard.envs.terminal_trial import TrialResult
 
-    if not cfg.data.datasets:
-        raise DatasetError("no dataset to check: data.datasets is empty")
-    dataset = cfg.data.datasets[0].model_copy(update={"path": str(source), "generator": None})
     env = env_class(cfg.env)
-    ready, dropped = env.split_rows(load_prompts(dataset))
+    ready, dropped = env.split_rows(source_prompts(cfg, source))
     results = []
     for prompt in ready:
         reply = env.reference_reply(prompt) if agent == "oracle" else ""

@@ -26,6 +26,15 @@ def task_source(cfg: MasterConfig, tasks: str | None) -> Path:
     return Path(datasets[0].path)
 
 
+def source_prompts(cfg: MasterConfig, source) -> list:
+    """The rows of a task file read as the run reads them: with the first dataset's keys and pre-processor."""
+    from dockyard.data.datasets import load_prompts
+
+    if not cfg.data.datasets:
+        raise DatasetError("no dataset to check: data.datasets is empty")
+    return load_prompts(cfg.data.datasets[0].model_copy(update={"path": str(source), "generator": None}))
+
+
 def check(cfg: MasterConfig, tasks: str | None, agent: str, out=sys.stdout) -> int:
     environment = registry.get("environment", cfg.env.name).factory
     trials = getattr(environment, "reference_trials", None)

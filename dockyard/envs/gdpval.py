@@ -192,12 +192,11 @@ class GdpvalEnvironment:
         single shot as a reply, agentic through an episode's sandbox."""
         from concurrent.futures import ThreadPoolExecutor
 
-        from dockyard.data.datasets import load_prompts
+        from dockyard.envs.check import source_prompts
         from dockyard.envs.terminal_trial import TrialResult
 
-        dataset = cfg.data.datasets[0].model_copy(update={"path": str(source), "generator": None})
         env = cls(cfg.env)
-        ready, dropped = env.split_rows(load_prompts(dataset))
+        ready, dropped = env.split_rows(source_prompts(cfg, source))
         problems = [f"{p.source_file or p.source}: {why}" for p, why in dropped]
 
         def trial(prompt: Prompt) -> TrialResult:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dockyard.config.schema.env import EnvConfig, SandboxConfig
-from dockyard.data.datasets import Prompt, load_prompts
+from dockyard.data.datasets import Prompt
 from dockyard.sandboxes.factory import SandboxFactory
 from dockyard.sandboxes.base import SandboxError, SandboxSpec
 
@@ -228,9 +228,9 @@ class ProgramBenchEnvironment:
         every problem's tests; problems whose tests or solution cannot be read are reported apart."""
         from concurrent.futures import ThreadPoolExecutor
 
+        from dockyard.envs.check import source_prompts
         from dockyard.envs.terminal_trial import TrialResult
 
-        dataset = cfg.data.datasets[0].model_copy(update={"path": str(source), "generator": None})
         env = cls(cfg.env)
         problems: list[str] = []
 
@@ -249,5 +249,5 @@ class ProgramBenchEnvironment:
             return TrialResult(name, reward, 0.0, test_output="\n".join(notes))
 
         with ThreadPoolExecutor(max_workers=cfg.env.num_workers) as pool:
-            results = [r for r in pool.map(trial, load_prompts(dataset)) if r is not None]
+            results = [r for r in pool.map(trial, source_prompts(cfg, source)) if r is not None]
         return results, problems
