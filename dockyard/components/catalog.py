@@ -32,6 +32,7 @@ _IMPLEMENTED = {
     ("sandbox", "podman"): "dockyard.sandboxes.podman:PodmanSandbox",
     ("sandbox", "apptainer"): "dockyard.sandboxes.apptainer:ApptainerSandbox",
     ("sandbox", "enroot"): "dockyard.sandboxes.apptainer:EnrootSandbox",
+    ("sandbox", "none"): "dockyard.sandboxes.direct:DirectSandbox",
     ("environment", "swe"): "dockyard.envs.swe:SweEnvironment",
     ("environment", "program_bench"): "dockyard.envs.program_bench:ProgramBenchEnvironment",
     ("environment", "gdpval"): "dockyard.envs.gdpval:GdpvalEnvironment",
@@ -102,7 +103,7 @@ _DECLARED = {
         "jax": "Flax NNX trainer on JAX",
     },
     "sandbox": {
-        "none": "run tool commands directly on the host (not built: refused)",
+        "none": "run tool commands directly on this machine, no isolation (only with env.sandbox.trusted: true)",
         "bubblewrap": "unprivileged bwrap namespaces around each command",
         "podman": "one podman container per trajectory",
         "apptainer": "a fresh Apptainer/Singularity container of the image per command (command lines tested; not run here)",

@@ -36,6 +36,9 @@ class SandboxFactory:
     def __init__(self, config: SandboxConfig):
         self.config = config
         self.limits = limits_from(config)
+        if config.trusted and config.type != "none":
+            raise SandboxError(f"env.sandbox.trusted: only type none reads it (a {config.type} sandbox isolates "
+                               "the commands either way); remove it")
         entry = registry.get("sandbox", config.type)
         if entry.factory is None:
             raise SandboxError(f"env.sandbox.type: sandbox {config.type!r} is not available in this version "

@@ -190,8 +190,10 @@ def test_the_factory_applies_the_config_and_bounds_live_sandboxes():
         SandboxFactory(SandboxConfig(type="bubblewrap", memory=5))
     with pytest.raises(SandboxError, match="env.sandbox.image: bubblewrap .* cannot use the image"):
         SandboxFactory(SandboxConfig(type="bubblewrap", image="ubuntu:24.04"))
-    with pytest.raises(SandboxError, match="sandbox 'none' is not available"):
+    with pytest.raises(SandboxError, match="env.sandbox.type: none runs .* set env.sandbox.trusted: true"):
         SandboxFactory(SandboxConfig(type="none"))
+    with pytest.raises(SandboxError, match="env.sandbox.trusted: only type none reads it"):
+        SandboxFactory(SandboxConfig(type="bubblewrap", trusted=True))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

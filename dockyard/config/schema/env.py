@@ -24,6 +24,8 @@ class SandboxConfig(OpenSection):
     command_exec_timeout_s: float = field(600.0, "Timeout of one command inside the sandbox.", gt=0)
     creation_timeout_s: float = field(600.0, "Timeout to create one sandbox.", gt=0)
     max_concurrent: PositiveInt = field(32, "Sandboxes alive at once per rollout node.")
+    trusted: bool = field(False, "Only with type none, which it must be set for: the policy's commands run on "
+                          "this machine with no isolation (docs/agents.md).")
 
 
 class EnvConfig(OpenSection):
