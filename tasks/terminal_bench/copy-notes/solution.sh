@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+cp notes.txt backup.txt

@@ -1,0 +1,5 @@
+from pathlib import Path
+
+
+def test_done():
+    assert Path("/app/done.txt").is_file()
