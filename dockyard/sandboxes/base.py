@@ -17,6 +17,7 @@ from __future__ import annotations
 import abc
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import threading
@@ -76,6 +77,22 @@ class SandboxSpec:
     name: str = "sandbox"
     run: list[str] = field(default_factory=list)   # Dockerfile RUN lines: run at creation where a backend builds images
     network: bool = False   # only a task that says so (Harbor's allow_internet) gets the host's network
+
+
+def copy_host_path(source: Path, target: Path) -> None:
+    """A host file or folder copied to host path `target`, links kept as links."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if source.is_dir():
+        shutil.copytree(source, target, dirs_exist_ok=True, symlinks=True)
+    else:
+        shutil.copy2(source, target)
+
+
+def make_read_only(path: Path, write_bits: int) -> None:
+    """Clear `write_bits` on a file or a whole folder; everyone may read (and enter folders)."""
+    for each in [path, *(path.rglob("*") if path.is_dir() else [])]:
+        if not each.is_symlink():
+            each.chmod(each.stat().st_mode & ~write_bits | 0o444 | (0o111 if each.is_dir() else 0))
 
 
 class _CappedReader(threading.Thread):

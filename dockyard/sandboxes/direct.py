@@ -24,7 +24,8 @@ import threading
 import time
 from pathlib import Path
 
-from dockyard.sandboxes.base import Sandbox, SandboxError, SandboxLimits, SandboxSpec
+from dockyard.sandboxes.base import (Sandbox, SandboxError, SandboxLimits, SandboxSpec, copy_host_path,
+                                     make_read_only)
 
 _held: set[str] = set()                 # folders a live sandbox of this process made and holds
 _held_changed = threading.Condition()
@@ -100,15 +101,9 @@ class DirectSandbox(Sandbox):
         if not source.exists():
             raise SandboxError(f"{self.spec.name}: {source} does not exist (copying it to {target})")
         destination = self._place(target, folder=source.is_dir())
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        if source.is_dir():
-            shutil.copytree(source, destination, dirs_exist_ok=True, symlinks=True)
-        else:
-            shutil.copy2(source, destination)
+        copy_host_path(source, destination)
         if read_only:
-            for path in [destination, *(destination.rglob("*") if destination.is_dir() else [])]:
-                if not path.is_symlink():
-                    path.chmod(path.stat().st_mode & ~0o222 | 0o444 | (0o111 if path.is_dir() else 0))
+            make_read_only(destination, 0o222)   # the commands run as the files' owner
 
     def copy_out(self, source: str, target: Path) -> None:
         self._check_alive()
@@ -117,12 +112,7 @@ class DirectSandbox(Sandbox):
             raise SandboxError(f"{self.spec.name}: {source} is not in a folder this sandbox made")
         if path.is_symlink() or not path.exists():
             raise SandboxError(f"{self.spec.name}: {source} does not exist in the sandbox (or is a link)")
-        target = Path(target)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if path.is_dir():
-            shutil.copytree(path, target, dirs_exist_ok=True, symlinks=True)
-        else:
-            shutil.copy2(path, target)
+        copy_host_path(path, Path(target))
 
     def _teardown(self) -> None:
         with _held_changed:

@@ -18,7 +18,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from dockyard.sandboxes.base import Sandbox, SandboxError, SandboxLimits, SandboxSpec
+from dockyard.sandboxes.base import (Sandbox, SandboxError, SandboxLimits, SandboxSpec, copy_host_path,
+                                     make_read_only)
 
 FIRST_UID, UIDS = 200_000, 4096
 LOCK_DIR = Path(tempfile.gettempdir()) / "dockyard-sandbox-uids"
@@ -113,15 +114,9 @@ class HostFolderSandbox(Sandbox):
         if read_only and mount not in self.read_only:
             raise SandboxError(f"{self.spec.name}: {target} is in {mount}, which the sandbox can write; "
                                "read-only files need a folder of their own")
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        if source.is_dir():
-            shutil.copytree(source, destination, dirs_exist_ok=True, symlinks=True)
-        else:
-            shutil.copy2(source, destination)
+        copy_host_path(source, destination)
         if read_only:
-            for path in [destination, *(destination.rglob("*") if destination.is_dir() else [])]:
-                if not path.is_symlink():
-                    path.chmod(path.stat().st_mode & ~0o022 | 0o444 | (0o111 if path.is_dir() else 0))
+            make_read_only(destination, 0o022)   # root owns it; the sandbox's user is group and other
         elif self.lease:
             for path in [destination, *(destination.rglob("*") if destination.is_dir() else [])]:
                 os.lchown(path, self.uid, self.gid)
@@ -135,12 +130,7 @@ class HostFolderSandbox(Sandbox):
         host = self._host_path(source, create=False)
         if host.is_symlink() or not host.exists():
             raise SandboxError(f"{self.spec.name}: {source} does not exist in the sandbox (or is a link)")
-        target = Path(target)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if host.is_dir():
-            shutil.copytree(host, target, dirs_exist_ok=True, symlinks=True)
-        else:
-            shutil.copy2(host, target)
+        copy_host_path(host, Path(target))
 
     # --- commands ---------------------------------------------------------------------------
 
