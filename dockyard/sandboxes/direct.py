@@ -78,11 +78,17 @@ class DirectSandbox(Sandbox):
         self.made.append(folder)
         return folder
 
+    def _real(self, inside: str) -> Path:
+        return Path(os.path.normpath(inside if inside.startswith("/") else os.path.join(self.workdir, inside)))
+
+    def _holds(self, path: Path) -> bool:
+        return any(path == made or made in path.parents for made in self.made)
+
     def _place(self, inside: str, folder: bool) -> Path:
         """The real path of `inside`; outside every folder held, the first of its folders that does not
         exist yet is made and held (a file may not land in a folder this sandbox did not make)."""
-        path = Path(os.path.normpath(inside if inside.startswith("/") else os.path.join(self.workdir, inside)))
-        if any(path == made or made in path.parents for made in self.made):
+        path = self._real(inside)
+        if self._holds(path):
             return path
         missing = next((p for p in [*reversed(path.parents), path] if not p.exists() and not p.is_symlink()), None)
         if missing is None or missing == path and not folder:
@@ -107,8 +113,8 @@ class DirectSandbox(Sandbox):
 
     def copy_out(self, source: str, target: Path) -> None:
         self._check_alive()
-        path = Path(os.path.normpath(source if source.startswith("/") else os.path.join(self.workdir, source)))
-        if not any(path == made or made in path.parents for made in self.made):
+        path = self._real(source)
+        if not self._holds(path):
             raise SandboxError(f"{self.spec.name}: {source} is not in a folder this sandbox made")
         if path.is_symlink() or not path.exists():
             raise SandboxError(f"{self.spec.name}: {source} does not exist in the sandbox (or is a link)")
