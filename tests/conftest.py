@@ -9,6 +9,37 @@ from dockyard.config import ConfigError, load_config
 
 REPO = Path(__file__).resolve().parent.parent
 
+# Modules whose tests share the session's vLLM server (vllm_server): one worker starts it once.
+SHARED_VLLM = {"tests/generation/test_vllm_backend.py", "tests/generation/test_vllm_images.py",
+               "tests/loop/test_agent_rollouts.py"}
+
+
+def work_unit_of(nodeid: str) -> str:
+    """What must run on one pytest-xdist worker: a module (its module-scoped servers and runs start once),
+    the vLLM modules together (one session server), and every Slurm test together, one at a time,
+    because they share the local cluster's 4 nodes (a preemption test takes all of them)."""
+    module = nodeid.split("::")[0]
+    return "slurm" if module.startswith("tests/launch/") else "vllm" if module in SHARED_VLLM else module
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """tools/test.sh runs two workers. xdist's own `xdist_group` marks cannot carry the units with
+    pytest 9 (xdist 3.8 renames `item._nodeid`, which pytest 9 no longer reads), so the units are
+    given to xdist's scope scheduler directly."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WorkUnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit_of(nodeid)
+
+    return WorkUnitScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The two long units first, so the other worker runs the rest beside them instead of after."""
+    items.sort(key=lambda item: {"slurm": 0, "vllm": 1}.get(work_unit_of(item.nodeid), 2))
+
 
 def problems_of(config: str, *overrides: str, config_dirs=()) -> list[str]:
     """The problems load_config reports, as 'path: message' strings ([] when the config is valid)."""

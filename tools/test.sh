@@ -13,4 +13,6 @@ else
 fi
 # llama.cpp's tools as tools/install.sh prepared them (the GGUF export tests)
 export DOCKYARD_LLAMA_CPP_DIR=${DOCKYARD_LLAMA_CPP_DIR:-$PWD/.cache/llama.cpp}
-exec .venv/bin/python -m pytest -q "$@"
+# two workers (pytest-xdist; tests/conftest.py groups what must share a worker): much of the suite waits
+# on Slurm, servers and sleeps, so the second core does the other half meanwhile
+exec .venv/bin/python -m pytest -q -n "${DOCKYARD_TEST_WORKERS:-2}" --dist loadscope "$@"
