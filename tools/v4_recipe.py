@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -98,12 +99,31 @@ def make_data() -> None:
                  .splitlines()[:50]])
 
 
-def dockyard_run(config: str, env: dict[str, str], *overrides: str) -> float:
-    """One stage; returns its wall time in seconds (the run's own output goes to the terminal)."""
+SAVE_TIMEOUT_S = 600
+
+
+def dockyard_run(config: str, env: dict[str, str], *overrides: str, stop_after_s: float | None = None) -> float:
+    """One stage; returns its wall time in seconds (the run's own output goes to the terminal). With
+    `stop_after_s` the run gets a Ctrl-C when that time is spent, as a user would send it: it saves (and
+    exports) at its next safe point and exits."""
     started = time.monotonic()
     command = [sys.executable, "-m", "dockyard.cli", "run", "--config", config, *overrides]
     print("+", " ".join(f"{k}={v}" for k, v in env.items()), " ".join(command[2:]), flush=True)
-    subprocess.run(command, env={**os.environ, **env}, check=True)
+    process = subprocess.Popen(command, env={**os.environ, **env})
+    try:
+        code = process.wait(timeout=stop_after_s)
+    except subprocess.TimeoutExpired:
+        print(f"v4_recipe: {stop_after_s:.0f} s spent; stopping {config} (it saves at its next safe point)", flush=True)
+        process.send_signal(signal.SIGINT)
+        try:
+            code = process.wait(timeout=SAVE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            raise SystemExit(f"v4_recipe: {config} did not save and stop within {SAVE_TIMEOUT_S} s of its Ctrl-C")
+        if code == 128 + signal.SIGINT:
+            code = 0
+    if code != 0:
+        raise SystemExit(f"v4_recipe: dockyard run --config {config} exited with status {code}")
     return time.monotonic() - started
 
 
@@ -129,21 +149,20 @@ def stage3(extra: list[str]) -> None:
     record("stage3", dockyard_run("v4_consolidation_smol.yaml", {}, *extra))
 
 
-def mixed(extra: list[str], budget_s: float | None, step_s: float | None) -> None:
-    """One GRPO run on both domains for the recipe's whole wall time (stages 1-3): as many steps as
-    stage 2's mean step time fits into it. Both figures can be given instead, for stages that ran on a
-    busy machine (their own times would hand the mixed run more or fewer steps than it is due)."""
+def mixed(extra: list[str], budget_s: float | None) -> None:
+    """One GRPO run on both domains for the recipe's whole wall time (stages 1-3, start-ups included),
+    then stopped. Its steps differ in length from stage 2's (the base model answers at length), so the
+    budget is wall time, not a step count. The budget can be given instead, for stages that ran on a busy
+    machine."""
     if budget_s is None:
         times = json.loads((runs_dir() / "v4_recipe_times.json").read_text())
         budget_s = sum(seconds for stage, seconds in times.items() if stage.startswith("stage"))
-    if step_s is None:
-        step_times = [json.loads(line)["time/step"] for d in DOMAINS
-                      for line in (runs_dir() / f"grpo_{d}" / "logs" / "metrics.jsonl").read_text().splitlines()
-                      if "time/step" in line]
-        step_s = sum(step_times) / len(step_times)
-    steps = max(1, int(budget_s / step_s))
-    print(f"mixed GRPO: {budget_s:.0f} s of recipe time at {step_s:.1f} s a step: {steps} steps")
-    record("mixed", dockyard_run("grpo_mixed_smol.yaml", {}, f"grpo.max_num_steps={steps}", *extra))
+    pointer = runs_dir() / "grpo_mixed_smol" / "checkpoints" / "latest_checkpointed_iteration.txt"
+    if pointer.is_file():
+        raise SystemExit(f"v4_recipe: {pointer.parent} already holds a checkpoint; the run would resume and train "
+                         f"past its budget. Remove {pointer.parent.parent} first.")
+    print(f"mixed GRPO: {budget_s:.0f} s of recipe time", flush=True)
+    record("mixed", dockyard_run("grpo_mixed_smol.yaml", {}, *extra, stop_after_s=budget_s))
 
 
 def accuracy(model: Path, domain: str, limit: int) -> float:
@@ -192,13 +211,11 @@ def main() -> int:
     parser.add_argument("--with-sft", action="store_true", help="eval: also the stage-1 models")
     parser.add_argument("--budget-s", type=float, help="mixed: the recipe's wall time in seconds "
                         "(default: the stages' recorded times, runs/v4_recipe_times.json)")
-    parser.add_argument("--step-s", type=float, help="mixed: seconds a GRPO step takes "
-                        "(default: stage 2's mean step time)")
     parser.add_argument("overrides", nargs="*", help="passed to every stage's dockyard run")
     args = parser.parse_args()
     steps = {"data": lambda: make_data(), "stage1": lambda: stage1(args.overrides),
              "stage2": lambda: stage2(args.overrides), "stage3": lambda: stage3(args.overrides),
-             "mixed": lambda: mixed(args.overrides, args.budget_s, args.step_s), "eval": lambda: evaluate(args.heldout, args.with_sft)}
+             "mixed": lambda: mixed(args.overrides, args.budget_s), "eval": lambda: evaluate(args.heldout, args.with_sft)}
     for name in (["data", "stage1", "stage2", "stage3", "mixed", "eval"] if args.what == "all" else [args.what]):
         steps[name]()
     return 0
