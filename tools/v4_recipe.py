@@ -155,7 +155,11 @@ def mixed(extra: list[str], budget_s: float | None) -> None:
     budget is wall time, not a step count. The budget can be given instead, for stages that ran on a busy
     machine."""
     if budget_s is None:
-        times = json.loads((runs_dir() / "v4_recipe_times.json").read_text())
+        recorded = runs_dir() / "v4_recipe_times.json"
+        if not recorded.is_file():
+            raise SystemExit(f"v4_recipe: {recorded} does not exist (stages 1-3 write it); "
+                             "run them first or give the budget with --budget-s")
+        times = json.loads(recorded.read_text())
         budget_s = sum(seconds for stage, seconds in times.items() if stage.startswith("stage"))
     pointer = runs_dir() / "grpo_mixed_smol" / "checkpoints" / "latest_checkpointed_iteration.txt"
     if pointer.is_file():
