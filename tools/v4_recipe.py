@@ -8,10 +8,12 @@
 Stages (each a plain `dockyard run`, each stage's outputs where the next stage's config expects them):
 
     1  SFT per domain        configs/sft_smol.yaml           DOCKYARD_DOMAIN=<d>  -> runs/sft_<d>/checkpoints/hf
+       SFT of the student    configs/sft_smol.yaml           DOCKYARD_DOMAIN=general (both domains)
+                                                                                  -> runs/sft_general/checkpoints/hf
     2  GRPO per domain       configs/grpo_domain_smol.yaml   DOCKYARD_DOMAIN=<d>  -> runs/grpo_<d>/checkpoints/hf
        (from its stage-1 model)
     3  consolidation         configs/v4_consolidation_smol.yaml: on-policy distillation of both experts
-       into one student (SmolLM2), each prompt scored by its domain's expert -> runs/v4_consolidation_smol/...
+       into the student (sft_general), each prompt scored by its domain's expert -> runs/v4_consolidation_smol/...
 
     mixed: one GRPO run on both domains' prompts from the stage-1 models' starting point (SmolLM2),
     given the training time of stages 1-3 together: what the recipe is compared with.
@@ -92,6 +94,12 @@ def make_data() -> None:
         mixed += rows
     import random
 
+    general = [json.loads(line) for d in DOMAINS for line in (root / "sft" / f"{d}.jsonl").read_text().splitlines()]
+    random.Random(0).shuffle(general)
+    write_jsonl(root / "sft" / "general.jsonl", general)
+    write_jsonl(root / "sft" / "general_val.jsonl",
+                [json.loads(line) for d in DOMAINS for line in (root / "sft" / f"{d}_val.jsonl").read_text()
+                 .splitlines()[:SIZES["sft_val"] // len(DOMAINS)]])
     random.Random(0).shuffle(mixed)
     write_jsonl(root / "consolidation" / "prompts.jsonl", mixed)
     write_jsonl(root / "consolidation" / "heldout.jsonl",
@@ -136,7 +144,9 @@ def record(stage: str, seconds: float) -> None:
 
 
 def stage1(extra: list[str]) -> None:
-    for domain in DOMAINS:
+    """One SFT model per domain (stage 2 starts from it) and one on both domains' conversations, `general`
+    (the student stage 3 starts from, as v4_consolidation.yaml's student is sft_general)."""
+    for domain in [*DOMAINS, "general"]:
         record(f"stage1_{domain}", dockyard_run("sft_smol.yaml", {"DOCKYARD_DOMAIN": domain}, *extra))
 
 
@@ -195,6 +205,8 @@ def evaluate(limit: int, with_sft: bool) -> None:
         if with_sft:
             models[f"stage 1 SFT {domain}"] = runs_dir() / f"sft_{domain}" / "checkpoints" / "hf"
         models[f"stage 2 expert {domain}"] = runs_dir() / f"grpo_{domain}" / "checkpoints" / "hf"
+    if with_sft:
+        models["stage 1 SFT general (the student)"] = runs_dir() / "sft_general" / "checkpoints" / "hf"
     models["stage 3 consolidated student"] = runs_dir() / "v4_consolidation_smol" / "checkpoints" / "hf"
     models["mixed GRPO (same total time)"] = runs_dir() / "grpo_mixed_smol" / "checkpoints" / "hf"
     print(f"{'model':<34}" + "".join(f"{d:>18}" for d in DOMAINS))
