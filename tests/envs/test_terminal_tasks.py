@@ -199,10 +199,12 @@ def test_an_agents_escape_attempts_are_contained_and_recorded_in_the_episode(tmp
         "write outside": "echo owned > /etc/dockyard-owned",
         "host home": f"cat {secret}",
         "tests early": "ls /tests /solution",
-        "fork bomb": "bomb() { bomb | bomb & }; bomb",
         "memory": "python3 -c 'x = bytearray(600 * 1024 * 1024)'",
         "huge file": "head -c 50000000 /dev/zero > big.bin; stat -c %s big.bin",
         "outlive the timeout": "sleep 300",
+        # last: its processes outlive the command and hold the process limit until the shell gives up, so
+        # the command after it may find no process to fork (how soon depends on the machine's load)
+        "fork bomb": "bomb() { bomb | bomb & }; bomb",
     }
     try:
         # generous timeouts (a busy machine), but the sleep's is what it must outlive
@@ -218,8 +220,13 @@ def test_an_agents_escape_attempts_are_contained_and_recorded_in_the_episode(tmp
     assert "8388608" in observations["huge file"]
     assert observations["outlive the timeout"].endswith("[timed out]")
     assert [event["command"] for event in episode.events] == list(attempts.values())
-    assert [event["timed_out"] for event in episode.events][-1] is True
-    after = episode.execute(Action("tool", "bash", {"command": "echo still here"}))
-    assert after.startswith("[the previous shell ended; this is a new shell]\nstill here")   # the run goes on
+    assert [event["timed_out"] for event in episode.events][-2] is True
+    # the run goes on: a command after the bomb may find the process limit spent (its shell exits, and the
+    # next command gets a new sandbox), until the old sandbox's processes are gone; how many depends on load
+    afters = []
+    while len(afters) < 6 and "still here" not in (afters[-1] if afters else "").splitlines():
+        afters.append(episode.execute(Action("tool", "bash", {"command": "/bin/echo still here", "timeout": 60})))
+    assert "still here" in afters[-1].splitlines(), afters
+    assert all("[the shell exited]" in after for after in afters[:-1]), afters
     assert episode.finish() == 0.0 and "tests" in episode.events[-1]
     episode.close()
