@@ -134,6 +134,15 @@ def kill_tree(process: subprocess.Popen) -> None:
         pass
 
 
+def kill_user_processes(uid: int) -> None:
+    """SIGKILL every process of `uid` (a sandbox's own user id), until none is left or 1 s has passed:
+    a fork bomb's processes keep forking while they are killed."""
+    for _ in range(20):
+        if subprocess.run(["pkill", "-KILL", "-u", str(uid)], capture_output=True).returncode != 0:
+            return   # nothing left to kill
+        time.sleep(0.05)
+
+
 class Sandbox(abc.ABC):
     kind: str = "sandbox"
     builds_images = False   # whether a task's RUN lines take effect (else they are reported as skipped)
@@ -168,6 +177,11 @@ class Sandbox(abc.ABC):
 
     def after_command(self) -> None:
         """After a fresh command ended (a backend whose commands can leave processes behind ends them)."""
+
+    def after_shell_ended(self) -> None:
+        """A shell session exited by itself (a command made it exit): before a new shell starts, what the
+        old one left behind must be gone, or e.g. a fork bomb's dying processes would still hold the
+        process limit and the new shell could not fork."""
 
     def live_shells(self) -> bool:
         return any(s.process is not None and s.process.poll() is None for s in self._shells)
@@ -266,6 +280,7 @@ class ShellSession:
             if self.process is not None:
                 self.restarted += 1
                 note = "[the previous shell ended; this is a new shell]\n"
+                self.sandbox.after_shell_ended()
             self._start()
         timeout = self.sandbox.limits.command_timeout_s if timeout_s is None else timeout_s
         marker = "__dockyard_done_" + secrets.token_hex(8)

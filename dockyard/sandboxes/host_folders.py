@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from dockyard.sandboxes.base import (Sandbox, SandboxError, SandboxLimits, SandboxSpec, copy_host_path,
-                                     make_read_only)
+                                     kill_user_processes, make_read_only)
 
 FIRST_UID, UIDS = 200_000, 4096
 LOCK_DIR = Path(tempfile.gettempdir()) / "dockyard-sandbox-uids"
@@ -141,6 +141,13 @@ class HostFolderSandbox(Sandbox):
         user = (["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--"]
                 if self.lease else [])
         return [*user, *limits]
+
+    def after_shell_ended(self) -> None:
+        """The old shell's namespace is going away, but its processes die one by one, still counted
+        against the process cap of the sandbox's user; they are its only processes while no other shell
+        is open. Without a user of its own (not root) nothing here is the sandbox's alone to kill."""
+        if self.lease and not self.live_shells():
+            kill_user_processes(self.uid)
 
     def _teardown(self) -> None:
         shutil.rmtree(self.host_root, ignore_errors=True)

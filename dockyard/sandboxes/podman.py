@@ -22,10 +22,9 @@ import secrets
 import shutil
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
-from dockyard.sandboxes.base import Sandbox, SandboxError, SandboxLimits, SandboxSpec
+from dockyard.sandboxes.base import Sandbox, SandboxError, SandboxLimits, SandboxSpec, kill_user_processes
 from dockyard.sandboxes.host_folders import UidLease
 
 PODMAN = ["podman", "--runtime", "runc"]   # crun is not in every distribution's podman; runc is
@@ -139,6 +138,9 @@ class PodmanSandbox(Sandbox):
         if not self.live_shells():
             self._kill_user_processes()
 
+    def after_shell_ended(self) -> None:
+        self.after_command()
+
     def _kill_user_processes(self) -> None:
         """From the host: the sandbox's user id is its own (as root), so its processes are exactly the
         sandbox's; a container at its pids limit could not run a kill itself. As a normal user the
@@ -146,10 +148,7 @@ class PodmanSandbox(Sandbox):
         if self.lease is None:
             _podman("restart", "-t", "0", self.name, check=False)
             return
-        for _ in range(20):
-            if subprocess.run(["pkill", "-KILL", "-u", str(self.uid)], capture_output=True).returncode != 0:
-                return   # nothing left to kill
-            time.sleep(0.05)
+        kill_user_processes(self.uid)
 
     def copy_in(self, source: Path, target: str, read_only: bool = False) -> None:
         self._check_alive()

@@ -221,12 +221,13 @@ def test_an_agents_escape_attempts_are_contained_and_recorded_in_the_episode(tmp
     assert observations["outlive the timeout"].endswith("[timed out]")
     assert [event["command"] for event in episode.events] == list(attempts.values())
     assert [event["timed_out"] for event in episode.events][-2] is True
-    # the run goes on: a command after the bomb may find the process limit spent (its shell exits, and the
-    # next command gets a new sandbox), until the old sandbox's processes are gone; how many depends on load
-    afters = []
-    while len(afters) < 6 and "still here" not in (afters[-1] if afters else "").splitlines():
+    # the run goes on: the command right after the bomb may find the process limit spent (its shell exits),
+    # but the next one gets a new shell, started once the old one's processes are gone
+    afters = [episode.execute(Action("tool", "bash", {"command": "/bin/echo still here", "timeout": 60}))]
+    if "still here" not in afters[0].splitlines():
+        assert "[the shell exited]" in afters[0], afters
         afters.append(episode.execute(Action("tool", "bash", {"command": "/bin/echo still here", "timeout": 60})))
     assert "still here" in afters[-1].splitlines(), afters
-    assert all("[the shell exited]" in after for after in afters[:-1]), afters
+    print(f"{len(afters)} command(s) after the bomb")
     assert episode.finish() == 0.0 and "tests" in episode.events[-1]
     episode.close()

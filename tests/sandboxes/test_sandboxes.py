@@ -4,6 +4,7 @@ hold. Each test breaks if the guard it names is removed."""
 import os
 import secrets
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -133,6 +134,30 @@ def test_a_shell_session_keeps_its_state_and_survives_a_timeout(sandbox):
     assert hung.timed_out and "the shell was killed" in hung.output
     fresh = shell.run("pwd")
     assert fresh.ok and fresh.output.splitlines() == ["[the previous shell ended; this is a new shell]", "/app"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a sandbox has a user id of its own only when dockyard runs as root")
+def test_a_shell_that_exits_by_itself_is_replaced_once_its_leftover_processes_are_gone(sandbox):
+    """A command that makes the shell exit can leave processes behind that are still dying (a fork bomb's):
+    counted against the process cap of the sandbox's user, they would keep the new shell from forking."""
+    shell = sandbox.shell()
+    assert shell.run("echo up").ok
+    # stand-ins for the old shell's dying processes: the sandbox user's, as many as its cap allows
+    leftovers = [subprocess.Popen(["setpriv", f"--reuid={sandbox.uid}", f"--regid={sandbox.uid}", "--clear-groups",
+                                   "sleep", "300"]) for _ in range(LIMITS.max_processes)]
+    # reaped as soon as they die, as the old namespace's init reaps its processes
+    for process in leftovers:
+        threading.Thread(target=process.wait, daemon=True).start()
+    try:
+        exited = shell.run("exit 3")
+        assert exited.exit_code == 3 and exited.output.endswith("[the shell exited]")
+        fresh = shell.run("echo still here")
+        assert fresh.ok and fresh.output.splitlines() == ["[the previous shell ended; this is a new shell]", "still here"]
+        assert all(process.poll() is not None for process in leftovers)
+    finally:
+        for process in leftovers:
+            process.kill()
+            process.wait()
 
 
 def test_read_only_files_cannot_be_changed_and_do_not_exist_before_they_are_copied(sandbox, tmp_path):
