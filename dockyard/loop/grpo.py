@@ -421,12 +421,12 @@ class GRPOTrainer:
         with self.timer("advantages"):
             metrics.update(self.set_advantages(samples, rewards, local, local_positions, old, ref))
         safeguard_figures: list[tuple[float, dict[str, float]]] = []
-        before_loss = None
-        if in_forward:
-            def before_loss(batch: list[Sample], batch_old: list[torch.Tensor]) -> None:
-                tokens = float(sum(s.response_mask().sum() for s in batch))
-                safeguard_figures.append((tokens, apply_safeguards(loss_cfg, batch, batch_old)))
-        elif safeguards:
+        def safeguards_in_forward(batch: list[Sample], batch_old: list[torch.Tensor]) -> None:
+            tokens = float(sum(s.response_mask().sum() for s in batch))
+            safeguard_figures.append((tokens, apply_safeguards(loss_cfg, batch, batch_old)))
+
+        before_loss = safeguards_in_forward if in_forward else None
+        if not in_forward and safeguards:
             metrics.update(apply_safeguards(loss_cfg, local, old))
         with self.timer("train"):
             train_metrics: dict[str, float] = {}

@@ -14,7 +14,7 @@ from dockyard.generation.engine import Engine
 from dockyard.io.checkpoint import CheckpointManager
 from dockyard.policy.dtensor import Sample
 from dockyard.policy.lora import BaseModelReference
-from tests.conftest import problems_of, run_cli
+from tests.conftest import run_cli
 
 LORA = ["policy.lora.enabled=true", "policy.lora.rank=4", "policy.lora.target_modules=[q_proj,v_proj,down_proj]",
         "policy.optimizer.lr=1e-2"]

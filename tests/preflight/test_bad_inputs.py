@@ -130,7 +130,7 @@ def sft_conversation_without_a_reply(tmp, model):
                                        json.dumps({"messages": [{"role": "user", "content": "no reply"}]})])
     return Case(["+sft={max_num_steps: 2}", "policy.dynamic_batching={enabled: true, max_tokens_per_gpu: 256}",
                  f"data.datasets=[{{name: chat, path: '{path}', input_key: messages, label_key: null}}]"],
-                f"data.datasets[0].path: dataset 'chat' row 1: no assistant message, so nothing to train on")
+                "data.datasets[0].path: dataset 'chat' row 1: no assistant message, so nothing to train on")
 
 
 CASES = [missing_dataset, broken_jsonl_line, unreadable_parquet, missing_input_column, slice_out_of_range,
