@@ -42,12 +42,11 @@ def _load(what: str, loader, folder: Path):
 
 
 def model_folder(path: str | Path) -> Path:
+    from dockyard.preflight.model_folders import missing_model_message
+
     folder = Path(path).expanduser()
     if not (folder / "config.json").is_file():
-        raise ModelNotFoundError(
-            f"no model folder at {folder} (config.json missing). dockyard never downloads models: build the "
-            "tiny test model with `python tools/make_tiny_model.py`, SmolLM2 with `python tools/smollm2_to_hf.py`, "
-            "or point policy.model_name at a local transformers folder")
+        raise ModelNotFoundError(missing_model_message(folder))
     return folder
 
 

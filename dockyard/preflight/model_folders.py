@@ -43,6 +43,19 @@ def safetensors_elements(path: Path) -> int:
     return elements
 
 
+def missing_model_message(folder: Path) -> str:
+    """Why there is no model at `folder`, and where one comes from: another dockyard run's exported
+    weights (a recipe stage not run yet), or the tools that build the shipped models."""
+    if folder.name == "hf" and folder.parent.name == "checkpoints":
+        run = folder.parent.parent
+        return (f"no model folder at {folder} (config.json missing): it is the exported model of the dockyard "
+                f"run {run.name!r} ({run}), which has not finished yet; train that run first (the V4 recipe's "
+                "stages: `python tools/v4_recipe.py --help`)")
+    return (f"no model folder at {folder} (config.json missing). dockyard never downloads models: build the "
+            "tiny test model with `python tools/make_tiny_model.py`, SmolLM2 with `python tools/smollm2_to_hf.py`, "
+            "or point it at a local transformers folder")
+
+
 def check_model_folder(field: str, path: str | None) -> tuple[list[Problem], int]:
     """Problems of one model folder, and its parameter count (0 when unknown)."""
     if not path:
@@ -50,9 +63,7 @@ def check_model_folder(field: str, path: str | None) -> tuple[list[Problem], int
     folder = Path(path).expanduser()
     config = folder / "config.json"
     if not config.is_file():
-        return [Problem(field, f"no model folder at {folder} (config.json missing). dockyard never downloads "
-                        "models: point it at a local transformers folder (tools/smollm2_to_hf.py, "
-                        "tools/make_tiny_model.py build the shipped ones)")], 0
+        return [Problem(field, missing_model_message(folder))], 0
     try:
         json.loads(config.read_text())
     except json.JSONDecodeError as err:

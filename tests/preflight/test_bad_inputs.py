@@ -133,11 +133,18 @@ def sft_conversation_without_a_reply(tmp, model):
                 "data.datasets[0].path: dataset 'chat' row 1: no assistant message, so nothing to train on")
 
 
+def model_of_a_run_not_trained_yet(tmp, model):
+    # a recipe's next stage started before the one whose exported model it trains
+    folder = tmp / "runs" / "sft_general" / "checkpoints" / "hf"
+    return Case([f"policy.model_name={folder}"], f"policy.model_name: no model folder at {folder} (config.json "
+                f"missing): it is the exported model of the dockyard run 'sft_general' ({tmp}/runs/sft_general)")
+
+
 CASES = [missing_dataset, broken_jsonl_line, unreadable_parquet, missing_input_column, slice_out_of_range,
          validation_set_missing_labels, generator_that_does_not_build, model_config_not_json, truncated_safetensors,
          sharded_index_missing_a_shard, tokenizer_that_does_not_load, chat_template_that_does_not_render,
          incomplete_resume_step, pointer_to_an_incomplete_step, checkpoint_dir_is_a_file, log_dir_inside_a_file,
-         sft_conversation_without_a_reply]
+         sft_conversation_without_a_reply, model_of_a_run_not_trained_yet]
 
 
 @pytest.fixture
