@@ -124,7 +124,7 @@ class TerminalEpisode(ShellEpisode):
         sandbox = env.sandboxes.create(sandbox_spec(task))
         super().__init__(sandbox, min(task.agent_timeout_s, env.config.task_timeout_s), env.max_output_chars,
                          f"task {task.name}")
-        self.notes = setup_notes(task, sandbox.builds_images)
+        self.notes = setup_notes(task, sandbox)
 
     def finish(self) -> float:
         """Close the agent's shell and run the task's tests: the reward."""

@@ -48,11 +48,15 @@ def sandbox_spec(task: TerminalTask) -> SandboxSpec:
                        network=bool(task.metadata.get("environment", {}).get("allow_internet", False)))
 
 
-def setup_notes(task: TerminalTask, builds_images: bool) -> list[str]:
+def setup_notes(task: TerminalTask, sandbox: Sandbox) -> list[str]:
     notes = []
     if task.setup.image:
-        notes.append(f"base image {task.setup.image} not used: the sandbox's own root is (env.sandbox)")
-    if task.setup.run and not builds_images:
+        image = getattr(sandbox, "image", None)
+        root = (f"env.sandbox.image {image!r}" if image else "this machine itself" if sandbox.kind == "none"
+                else "this machine's /usr and /etc, read-only")
+        notes.append(f"base image {task.setup.image} not used (nothing is pulled): the {sandbox.kind} sandbox runs "
+                     f"commands on {root}")
+    if task.setup.run and not sandbox.builds_images:
         notes.append(f"{len(task.setup.run)} RUN line(s) of {task.dockerfile} skipped: this sandbox builds no images")
     if task.setup.ignored:
         notes.append(f"{len(task.setup.ignored)} Dockerfile line(s) without effect here: "
@@ -150,7 +154,7 @@ def run_trial(task: TerminalTask, make_sandbox: Callable[[SandboxSpec], Sandbox]
     result = TrialResult(task.name, 0.0, 0.0)
     try:
         with make_sandbox(sandbox_spec(task)) as sandbox:
-            result.notes = setup_notes(task, sandbox.builds_images)
+            result.notes = setup_notes(task, sandbox)
             result.agent_output = agent(task, sandbox)
             for session in sandbox._shells:
                 session.close()

@@ -122,7 +122,8 @@ def test_an_agent_cannot_plant_a_reward_or_see_the_tests(factory):
 
     result = run_trial(task, factory.create, cheat)
     assert result.reward == 0.0 and result.error is None
-    assert any("base image ubuntu:24.04 not used" in note for note in result.notes)
+    assert "base image ubuntu:24.04 not used (nothing is pulled): the bubblewrap sandbox runs commands on this " \
+           "machine's /usr and /etc, read-only" in result.notes
 
 
 @needs_bwrap
