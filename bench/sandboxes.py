@@ -6,6 +6,8 @@ Prints:
 - start: creating a sandbox (workspace, task files) until its first command has answered;
 - per-command overhead: a fresh `run` and a command in a persistent shell session, against the
   same command as a plain subprocess on the host;
+- a trial end to end: a shipped terminal task's sandbox, its oracle solution, the tests and the
+  reward (`run_trial`), over --trials tasks of tasks/terminal_bench/;
 - concurrency: how many sandboxes, each with a live shell running a small Python process, are up
   at once on this machine, and the memory they take (resident set of their processes), against a
   budget of --memory-gb.
@@ -23,6 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from dockyard.envs.terminal_tasks import load_tasks              # noqa: E402
+from dockyard.envs.terminal_trial import oracle_agent, run_trial  # noqa: E402
 from dockyard.sandboxes.base import SandboxLimits, SandboxSpec   # noqa: E402
 from dockyard.sandboxes.bubblewrap import BubblewrapSandbox      # noqa: E402
 from dockyard.sandboxes.podman import PodmanSandbox              # noqa: E402
@@ -67,6 +71,7 @@ def main() -> int:
     parser.add_argument("--commands", type=int, default=50)
     parser.add_argument("--memory-gb", type=float, default=8.0)
     parser.add_argument("--max", type=int, default=64)
+    parser.add_argument("--trials", type=int, default=12, help="shipped terminal tasks run end to end")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="dockyard-bench-"))
     (folder / "input.txt").write_text("x" * 10_000)
@@ -103,6 +108,16 @@ def main() -> int:
           f"{(statistics.median(fresh) - statistics.median(plain)) * 1000:+.1f} ms")
     print(f"sandbox shell session:      {median_ms(session)}  overhead "
           f"{(statistics.median(session) - statistics.median(plain)) * 1000:+.1f} ms")
+
+    tasks = load_tasks(Path(__file__).resolve().parent.parent / "tasks" / "terminal_bench")[:args.trials]
+    trials = []
+    for task in tasks:
+        began = time.perf_counter()
+        result = run_trial(task, lambda spec: Sandbox(spec, limits), oracle_agent)
+        trials.append(time.perf_counter() - began)
+        assert result.reward == 1.0, (task.name, result.error, result.test_output[-500:])
+    print(f"trial end to end (oracle):  {median_ms(trials)} over {len(trials)} shipped tasks, "
+          f"{sum(trials):.2f} s in all")
 
     budget_kb = args.memory_gb * 1024 * 1024
     boxes, live = [], 0
