@@ -8,6 +8,7 @@ import random
 import time
 
 from tests.conftest import require_vllm
+from tests.launch.holding import hold_after
 from tests.launch.test_preemption_on_cluster import (completed_after_two_resumes, logged_steps,
                                                     preempt_then_requeue, submit)
 from tests.launch.test_submit_on_cluster import sacct_nodes
@@ -21,8 +22,9 @@ ASYNC = ("grpo.async_grpo.enabled=true", "grpo.async_grpo.max_staleness_steps=1"
 def test_async_run_with_two_vllm_replicas_survives_two_preemptions(slurm_cluster, tmp_path, tiny_model):
     require_vllm()
     rng = random.Random(int(os.environ.get("DOCKYARD_TEST_SEED", time.time())))
-    first, second = rng.randint(2, 5), rng.randint(7, 10)
-    print(f"interrupting at steps {first} (partition preemption) and {second} (scontrol requeue)")
+    first, second = rng.randint(2, 4), rng.randint(8, 10)
+    print(f"interrupting after steps {first} (partition preemption) and {second} (scontrol requeue)")
+    hold_after(tmp_path, first)
     # a checkpoint every 3 steps: each stop saves its own at a safe point, so a resume does not
     # depend on a periodic one
     job = submit(tmp_path, tiny_model, *TWO_VLLM, *ASYNC, f"grpo.max_num_steps={STEPS}", "checkpointing.save_period=3")

@@ -10,22 +10,24 @@ import re
 import time
 
 from tests.launch.conftest import metrics, run_submit
+from tests.launch.holding import hold_after, hold_overrides
 from tests.launch.test_preemption_on_cluster import completed_after_two_resumes, logged_steps, preempt_then_requeue
 from tests.run.test_distillation_run import OPD, opd_section
 
-STEPS = 10
+STEPS = 12
 
 
 def test_distillation_job_with_two_teacher_servers_survives_preemption(slurm_cluster, tmp_path, tiny_model,
                                                                        teacher_models):
     rng = random.Random(int(os.environ.get("DOCKYARD_TEST_SEED", time.time())))
-    first, second = rng.randint(2, 4), rng.randint(6, 8)
-    print(f"interrupting at steps {first} (partition preemption) and {second} (scontrol requeue)")
+    first, second = rng.randint(2, 3), rng.randint(7, 8)
+    print(f"interrupting after steps {first} (partition preemption) and {second} (scontrol requeue)")
     rows = [{"input": f"{a} + {a}", "label": str(2 * a), "metadata": {"agent_name": "adder"}} if a % 2 else
             {"input": f"{a} * 3", "label": str(3 * a), "metadata": {"agent_name": "multiplier"}} for a in range(80)]
     mixed = tmp_path / "mixed.jsonl"
     mixed.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    result = run_submit(tmp_path, tiny_model, "--nodes", "4", *OPD, "cluster.teacher.num_nodes=1",
+    hold_after(tmp_path, first)
+    result = run_submit(tmp_path, tiny_model, "--nodes", "4", *hold_overrides(tmp_path), *OPD, "cluster.teacher.num_nodes=1",
                         opd_section(teacher_models, by_agent="{adder: alpha, multiplier: beta}"),
                         "grpo.filters.identical_reward=false", f"grpo.max_num_steps={STEPS}",
                         "checkpointing.save_period=3", f"data.datasets=[{{name: mixed, path: {mixed}}}]")
