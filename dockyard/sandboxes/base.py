@@ -36,7 +36,10 @@ class SandboxError(RuntimeError):
 @dataclass(frozen=True)
 class SandboxLimits:
     """Caps on what one sandbox may use. memory_mb and file_size_mb apply per process (RLIMIT_AS,
-    RLIMIT_FSIZE), max_processes to the sandbox's own user (RLIMIT_NPROC), cpu_time_s per process."""
+    RLIMIT_FSIZE), max_processes to the sandbox's own user (RLIMIT_NPROC), cpu_time_s per process.
+    sandbox_memory_mb caps the whole sandbox where a cgroup can be made (root; podman: the container),
+    workspace_mb / workspace_inodes its writable folders together (a sized tmpfs, as root), tmp_mb and
+    shm_mb its /tmp (and /var/tmp) and /dev/shm."""
 
     command_timeout_s: float = 600.0
     memory_mb: int = 2048
@@ -45,6 +48,11 @@ class SandboxLimits:
     cpu_time_s: int = 600
     open_files: int = 1024
     output_bytes: int = 64 * 1024
+    sandbox_memory_mb: int = 4096
+    workspace_mb: int = 2048
+    workspace_inodes: int = 200_000
+    tmp_mb: int = 512
+    shm_mb: int = 64
 
     def prlimit(self) -> list[str]:
         """`prlimit` options setting these caps on the process it runs (and its children)."""
@@ -95,31 +103,39 @@ def make_read_only(path: Path, write_bits: int) -> None:
             each.chmod(each.stat().st_mode & ~write_bits | 0o444 | (0o111 if each.is_dir() else 0))
 
 
-class _CappedReader(threading.Thread):
-    """Drains a pipe to its end, keeping the first and the last `cap // 2` bytes."""
+class OutputCapture:
+    """A command's output as it streams in, kept to its first and last `cap // 2` bytes: what is held
+    does not grow with what the command prints."""
 
-    def __init__(self, stream, cap: int):
-        super().__init__(daemon=True)
-        self.stream, self.cap = stream, cap
+    def __init__(self, cap: int):
+        self.half = max(cap // 2, 1)
         self.head, self.tail, self.total = bytearray(), bytearray(), 0
 
-    def run(self) -> None:
-        half = self.cap // 2
-        while chunk := self.stream.read1(65536) if hasattr(self.stream, "read1") else self.stream.read(65536):
-            self.total += len(chunk)
-            room = half - len(self.head)
-            if room > 0:
-                self.head += chunk[:room]
-                chunk = chunk[room:]
-            if chunk:
-                self.tail += chunk
-                del self.tail[:-half]
+    def add(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self.half - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if data:
+            self.tail += data[-self.half:]
+            del self.tail[:-self.half]
+
+    def kept(self) -> bytes:
+        return bytes(self.head + self.tail)
 
     def text(self) -> tuple[str, bool]:
-        truncated = self.total > len(self.head) + len(self.tail)
-        middle = f"\n[... {self.total - len(self.head) - len(self.tail)} bytes of output left out ...]\n"
-        body = self.head.decode(errors="replace") + (middle if truncated else "") + self.tail.decode(errors="replace")
-        return body, truncated
+        left_out = self.total - len(self.head) - len(self.tail)
+        middle = f"\n[... {left_out} bytes of output left out ...]\n" if left_out else ""
+        return self.head.decode(errors="replace") + middle + self.tail.decode(errors="replace"), left_out > 0
+
+
+def _read_chunks(stream, sink) -> None:
+    """Feed a pipe to `sink` in chunks of at most 64 KiB until it ends (a line without a newline is
+    never read whole)."""
+    read = stream.read1 if hasattr(stream, "read1") else stream.read
+    while chunk := read(65536):
+        sink(chunk)
 
 
 def kill_tree(process: subprocess.Popen) -> None:
@@ -134,16 +150,9 @@ def kill_tree(process: subprocess.Popen) -> None:
         pass
 
 
-def kill_user_processes(uid: int) -> None:
-    """SIGKILL every process of `uid` (a sandbox's own user id), until none is left or 1 s has passed:
-    a fork bomb's processes keep forking while they are killed."""
-    for _ in range(20):
-        if subprocess.run(["pkill", "-KILL", "-u", str(uid)], capture_output=True).returncode != 0:
-            return   # nothing left to kill
-        time.sleep(0.05)
-
-
 class Sandbox(abc.ABC):
+    """A workspace with a life, used first by the agent, then by the verifier (`hand_over`)."""
+
     kind: str = "sandbox"
     builds_images = False   # whether a task's RUN lines take effect (else they are reported as skipped)
 
@@ -152,6 +161,7 @@ class Sandbox(abc.ABC):
         self.workdir = spec.workdir
         self._shells: list[ShellSession] = []
         self.destroyed = False
+        self.role = "agent"
 
     # --- what a backend provides ------------------------------------------------------------
 
@@ -165,23 +175,39 @@ class Sandbox(abc.ABC):
         read_only: the sandbox's commands can read but not change or add to it (a task's tests)."""
 
     @abc.abstractmethod
-    def copy_out(self, source: str, target: Path) -> None:
-        """Copy `source` (absolute, inside) to a host path."""
+    def copy_out(self, source: str, target: Path, links: bool = False) -> None:
+        """Copy `source` (absolute, inside) to a host path; links are not followed (a link there, or
+        on the way, is refused; one inside a copied folder is left out, or made as a link with
+        `links`, for a copy that only goes into another sandbox)."""
+
+    def end_processes(self) -> None:
+        """Every process the sandbox's commands started is gone, for certain (killed and waited for);
+        SandboxError naming the sandbox if some cannot be ended."""
+
+    def _become_verifier(self) -> None:
+        """After the agent's processes are gone: the workspace changes hands to the verifier's user."""
+
+    def agent_writable(self) -> list[str]:
+        """Folders inside where the agent could write (the workspace, temporary folders): nothing of
+        them may come first on the tests' PATH or sys.path."""
+        return [self.workdir, "/tmp", "/var/tmp", "/dev/shm"]
+
+    def writable_host_folders(self) -> dict[str, Path]:
+        """inside folder -> host folder, for the agent-writable folders a backend keeps on the host
+        (the grader walks them there instead of running a command inside)."""
+        return {}
 
     def _teardown(self) -> None:
         pass
 
-    def on_timeout(self) -> None:
-        """After a timed-out command's host process tree was killed (a backend whose commands outlive
-        their client kills them here)."""
+    def _spawn(self, argv: list[str], env: dict[str, str], cwd: str | None, stdin) -> subprocess.Popen:
+        """Start argv inside (a backend that follows its processes by their namespace overrides this)."""
+        return subprocess.Popen(self.wrap(argv, env, cwd), stdin=stdin, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True, env=self._host_env())
 
-    def after_command(self) -> None:
-        """After a fresh command ended (a backend whose commands can leave processes behind ends them)."""
-
-    def after_shell_ended(self) -> None:
-        """A shell session exited by itself (a command made it exit): before a new shell starts, what the
-        old one left behind must be gone, or e.g. a fork bomb's dying processes would still hold the
-        process limit and the new shell could not fork."""
+    def _finished(self, process: subprocess.Popen, killed: bool, shell: bool) -> None:
+        """After a command's or a shell's host process ended (killed: at its timeout or on close). A
+        backend whose commands can leave processes behind ends them here."""
 
     def live_shells(self) -> bool:
         return any(s.process is not None and s.process.poll() is None for s in self._shells)
@@ -192,15 +218,16 @@ class Sandbox(abc.ABC):
         return {**BASE_ENV, "HOME": self.workdir, **self.spec.env}
 
     def run(self, command: str, timeout_s: float | None = None, cwd: str | None = None,
-            env: dict[str, str] | None = None) -> CommandResult:
-        """`bash -c command` as a fresh process in the sandbox; killed with its whole tree at the timeout."""
+            env: dict[str, str] | None = None, replace_env: bool = False) -> CommandResult:
+        """`bash -c command` as a fresh process in the sandbox; killed with its whole tree at the timeout.
+        env adds to the sandbox's environment, or is the whole of it with replace_env."""
         self._check_alive()
         timeout = self.limits.command_timeout_s if timeout_s is None else timeout_s
-        argv = self.wrap(["bash", "-c", command], {**self.environment(), **(env or {})}, cwd)
         started = time.monotonic()
-        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   start_new_session=True, env=self._host_env())
-        reader = _CappedReader(process.stdout, self.limits.output_bytes)
+        process = self._spawn(["bash", "-c", command], dict(env or {}) if replace_env else
+                              {**self.environment(), **(env or {})}, cwd, subprocess.DEVNULL)
+        capture = OutputCapture(self.limits.output_bytes)
+        reader = threading.Thread(target=_read_chunks, args=(process.stdout, capture.add), daemon=True)
         reader.start()
         timed_out = False
         try:
@@ -209,27 +236,52 @@ class Sandbox(abc.ABC):
             timed_out = True
             kill_tree(process)
             process.wait()
-            self.on_timeout()
         reader.join(timeout=10)
-        self.after_command()
-        output, truncated = reader.text()
+        self._finished(process, timed_out, shell=False)
+        output, truncated = capture.text()
         return CommandResult(None if timed_out else process.returncode, output, time.monotonic() - started,
                              timed_out, truncated)
 
     def shell(self) -> "ShellSession":
         """A persistent bash in the sandbox (the agent's terminal)."""
         self._check_alive()
+        if self.role != "agent":
+            raise SandboxError(f"{self.spec.name}: the agent's time is over; no shell is opened for the verifier")
         session = ShellSession(self)
         self._shells.append(session)
         return session
 
+    def close_shells(self) -> None:
+        for session in self._shells:
+            session.close()
+
+    def hand_over(self) -> None:
+        """From the agent to the verifier: the agent's shells are closed and every process it started is
+        gone for certain; from now on commands run as the verifier (a user the agent was not, where
+        the backend has one) and no shell is opened."""
+        self._check_alive()
+        if self.role == "verifier":
+            return
+        self.close_shells()
+        self.end_processes()
+        self._become_verifier()
+        self.role = "verifier"
+
+    def place(self, entries: list[tuple[Path, str, bool]]) -> None:
+        """Several copy_in(source, target, read_only) at once (a backend where each copy is a round trip
+        batches them)."""
+        for source, target, read_only in entries:
+            self.copy_in(source, target, read_only=read_only)
+
     def destroy(self) -> None:
         if self.destroyed:
             return
-        for session in self._shells:
-            session.close()
-        self._teardown()
-        self.destroyed = True
+        self.close_shells()
+        try:
+            self.end_processes()
+        finally:
+            self._teardown()
+            self.destroyed = True
 
     def __enter__(self) -> "Sandbox":
         return self
@@ -246,32 +298,84 @@ class Sandbox(abc.ABC):
         return {"PATH": BASE_ENV["PATH"], "LANG": "C.UTF-8"}
 
 
+class _ShellOutput:
+    """The reading end of a shell session: a command's output up to its end marker, in bounded memory.
+    The marker line is `\n<marker> <status>\n`; until it comes only its possible start is held back.
+    Output that comes between commands (a background job's) is kept, capped, for the next one."""
+
+    def __init__(self, cap: int):
+        self.cap = cap
+        self.changed = threading.Condition()
+        self.capture = OutputCapture(cap)     # the running command's, or between commands
+        self.mark: bytes | None = None
+        self.window = b""
+        self.status: int | None = None
+        self.finished: OutputCapture | None = None   # the command's output once its marker came
+        self.ended = False
+
+    def expect(self, marker: str) -> None:
+        with self.changed:
+            carried = self.capture.kept()
+            self.capture = OutputCapture(self.cap)
+            self.capture.add(carried)
+            self.mark, self.window, self.status, self.finished = f"\n{marker} ".encode(), b"", None, None
+
+    def feed(self, chunk: bytes) -> None:
+        with self.changed:
+            if self.mark is None:
+                self.capture.add(chunk)
+                return
+            data = self.window + chunk
+            at = data.find(self.mark)
+            if at < 0:
+                keep = len(self.mark) - 1
+                self.capture.add(data[:-keep] if len(data) > keep else b"")
+                self.window = data[-keep:] if len(data) > keep else data
+                return
+            self.capture.add(data[:at])
+            end = data.find(b"\n", at + len(self.mark))
+            if end < 0 and len(data) - at < len(self.mark) + 24:
+                self.window = data[at:]   # the status is still on its way
+                return
+            text = data[at + len(self.mark):end if end >= 0 else None]
+            self.status = int(text) if text.strip().isdigit() else -1
+            self.finished, self.capture = self.capture, OutputCapture(self.cap)
+            self.capture.add(data[end + 1:] if end >= 0 else b"")
+            self.mark, self.window = None, b""
+            self.changed.notify_all()
+
+    def close(self) -> None:
+        with self.changed:
+            self.ended = True
+            self.changed.notify_all()
+
+    def pump(self, stream) -> None:
+        try:
+            _read_chunks(stream, self.feed)
+        finally:
+            self.close()
+
+
 class ShellSession:
-    """One long-lived bash in a sandbox. Each command is sent with a random end marker that carries
-    its exit status; the shell's state persists between commands. A command that outlives its
-    timeout kills the session (its whole process tree) and the next command starts a fresh shell,
-    saying so in its output: a hung foreground job cannot be interrupted reliably without a tty."""
+    """One long-lived bash in a sandbox. Each command runs as `{ command } </dev/null` followed, on the
+    same input line, by a print of a random end marker with its exit status: bash has read the whole
+    line before it runs the command, so the marker is not in any input the command could read, and
+    the command's own output cannot end it early or change its status. The shell's state persists
+    between commands. A command that outlives its timeout kills the session (its whole process
+    tree) and the next command starts a fresh shell, saying so in its output: a hung foreground job
+    cannot be interrupted reliably without a tty."""
 
     def __init__(self, sandbox: Sandbox):
         self.sandbox = sandbox
         self.process: subprocess.Popen | None = None
+        self.output: _ShellOutput | None = None
         self.restarted = 0
 
     def _start(self) -> None:
-        argv = self.sandbox.wrap(["bash", "--noprofile", "--norc"], self.sandbox.environment())
-        self.process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        start_new_session=True, env=self.sandbox._host_env())
-        self._lines: list[bytes] = []
-        self._cond = threading.Condition()
-        threading.Thread(target=self._pump, args=(self.process,), daemon=True).start()
-
-    def _pump(self, process: subprocess.Popen) -> None:
-        for line in iter(process.stdout.readline, b""):
-            with self._cond:
-                self._lines.append(line)
-                self._cond.notify_all()
-        with self._cond:
-            self._cond.notify_all()
+        self.process = self.sandbox._spawn(["bash", "--noprofile", "--norc"], self.sandbox.environment(), None,
+                                           subprocess.PIPE)
+        self.output = _ShellOutput(self.sandbox.limits.output_bytes)
+        threading.Thread(target=self.output.pump, args=(self.process.stdout,), daemon=True).start()
 
     def run(self, command: str, timeout_s: float | None = None) -> CommandResult:
         self.sandbox._check_alive()
@@ -280,56 +384,46 @@ class ShellSession:
             if self.process is not None:
                 self.restarted += 1
                 note = "[the previous shell ended; this is a new shell]\n"
-                self.sandbox.after_shell_ended()
+                self.sandbox._finished(self.process, killed=False, shell=True)
             self._start()
         timeout = self.sandbox.limits.command_timeout_s if timeout_s is None else timeout_s
-        marker = "__dockyard_done_" + secrets.token_hex(8)
-        script = f"{command}\n__status=$?; printf '\\n{marker} %s\\n' \"$__status\"\n"
+        marker = "__dockyard_done_" + secrets.token_hex(16)
+        self.output.expect(marker)
+        # `builtin :` first: a command that is only a comment still makes a group bash accepts
+        script = (f"{{ builtin :; {command}\n}} </dev/null; __dockyard_status=$?; builtin trap - DEBUG RETURN; "
+                  f"builtin printf '\\n%s %s\\n' {marker} \"$__dockyard_status\"\n")
         started = time.monotonic()
         try:
             self.process.stdin.write(script.encode())
             self.process.stdin.flush()
         except (BrokenPipeError, OSError):
             pass
-        cap = self.sandbox.limits.output_bytes
-        collected, size, status = [], 0, None
         deadline = started + timeout
-        with self._cond:
-            while True:
-                while self._lines:
-                    line = self._lines.pop(0)
-                    text = line.decode(errors="replace")
-                    if text.startswith(marker):
-                        status = int(text.split()[1])
-                        break
-                    size += len(line)
-                    collected.append(line)
-                    if len(collected) > 4 and size > 4 * cap:   # keep memory bounded while it prints
-                        collected = collected[:2] + collected[-2:]
-                if status is not None or self.process.poll() is not None and not self._lines:
+        output = self.output
+        with output.changed:
+            while output.status is None and not output.ended:
+                if self.process.poll() is not None:   # the shell exited (a background job may hold its output)
+                    output.changed.wait(timeout=0.05)
                     break
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
-                self._cond.wait(timeout=min(remaining, 0.5))
-        raw = b"".join(collected)
-        if raw.endswith(b"\n"):
-            raw = raw[:-1]   # the newline printed before the marker
-        truncated = size > cap
-        if truncated:
-            raw = raw[: cap // 2] + f"\n[... {size - cap} bytes of output left out ...]\n".encode() + raw[-(cap // 2):]
+                output.changed.wait(timeout=min(remaining, 0.5))
+            status = output.status
+            capture = output.finished if status is not None else output.capture
+        text, truncated = capture.text()
         seconds = time.monotonic() - started
         if status is None:
-            timed_out = time.monotonic() >= deadline
+            timed_out = self.process.poll() is None and time.monotonic() >= deadline
+            exit_code = self.process.poll()
             self.close()
             tail = (f"\n[command timed out after {timeout:.0f} s; the shell was killed]" if timed_out
                     else "\n[the shell exited]")
-            return CommandResult(None if timed_out else self.process.returncode, note + raw.decode(errors="replace") + tail,
-                                 seconds, timed_out, truncated)
-        return CommandResult(status, note + raw.decode(errors="replace"), seconds, False, truncated)
+            return CommandResult(None if timed_out else exit_code, note + text + tail, seconds, timed_out, truncated)
+        return CommandResult(status, note + text, seconds, False, truncated)
 
     def close(self) -> None:
         if self.process is not None and self.process.poll() is None:
             kill_tree(self.process)
             self.process.wait()
-            self.sandbox.on_timeout()   # what the shell started inside goes with it
+            self.sandbox._finished(self.process, killed=True, shell=True)

@@ -1,24 +1,44 @@
 """bubblewrap sandboxes: Linux namespaces around each command, no daemon, no image, no root needed.
 
 What a command sees: the host's /usr and /etc read-only, an empty read-only root otherwise, a fresh
-/tmp, /dev and /proc of its own, and the workspace (a host folder of this sandbox, bound at the
-task's working directory) as the only writable place that persists. No network (its own empty
-network namespace), no other process (its own pid namespace; when the command's shell exits,
-every process it left behind dies with the namespace), no variables from the trainer.
+/tmp and /dev/shm of its own (tmpfs sized by tmp_mb and shm_mb; the rest of /dev is read-only), its
+own /proc, and the workspace (a host folder of this sandbox, bound at the task's working directory)
+as the only writable place that persists. No network (its own empty network namespace; a task that
+allows the network gets user-mode networking with this machine closed, network.py), no other
+process (its own pid namespace: when the command's shell exits, every process it left behind dies
+with the namespace, and a killed command's namespace is waited for), no variables from the trainer.
 
-Files, caps and the sandbox's own user id: host_folders.py.
+Files, caps, users and the cgroup: host_folders.py.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import select
 import shutil
+import subprocess
 
 from dockyard.sandboxes.host_folders import HostFolderSandbox
 
 
 def bwrap_path() -> str | None:
     return shutil.which("bwrap")
+
+
+def _pid_namespace(info_fd: int, timeout_s: float = 30.0) -> str | None:
+    """bwrap's --info-fd report ({"child-pid": ..., "pid-namespace": ...}) as /proc's ns/pid name."""
+    data = b""
+    try:
+        while select.select([info_fd], [], [], timeout_s)[0] and (chunk := os.read(info_fd, 4096)):
+            data += chunk
+            try:
+                return f"pid:[{json.loads(data)['pid-namespace']}]"
+            except (ValueError, KeyError):
+                continue
+    finally:
+        os.close(info_fd)
+    return None   # bwrap failed before it set the sandbox up (its error is in the command's output)
 
 
 class BubblewrapSandbox(HostFolderSandbox):
@@ -35,18 +55,42 @@ class BubblewrapSandbox(HostFolderSandbox):
                     f"the image {image!r}; set it to null, or use type podman / apptainer / enroot")
         return None
 
-    def wrap(self, argv: list[str], env: dict[str, str], cwd: str | None = None) -> list[str]:
-        bwrap = ["bwrap", "--unshare-all", *(["--share-net"] if self.spec.network else []), "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv",
+    def wrap(self, argv: list[str], env: dict[str, str], cwd: str | None = None, info_fd: int | None = None) -> list[str]:
+        mb = 1024 * 1024
+        bwrap = ["bwrap", "--unshare-all", *(["--share-net"] if self.network else []), "--die-with-parent",
+                 "--new-session", "--cap-drop", "ALL", "--clearenv",
+                 *(["--info-fd", str(info_fd)] if info_fd is not None else []),
                  "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+        if self.network:
+            bwrap += ["--ro-bind", str(self.network.resolv), "/etc/resolv.conf"]
         for link in ("bin", "lib", "lib64", "sbin"):
             if os.path.islink("/" + link):
                 bwrap += ["--symlink", os.readlink("/" + link), "/" + link]
             elif os.path.isdir("/" + link):
                 bwrap += ["--ro-bind", "/" + link, "/" + link]
-        bwrap += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+        bwrap += ["--dev", "/dev", "--size", str(self.limits.shm_mb * mb), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
+                  "--proc", "/proc", "--size", str(self.limits.tmp_mb * mb), "--tmpfs", "/tmp"]
         for inside, host in sorted(self.mounts.items()):
             bwrap += ["--ro-bind" if inside in self.read_only else "--bind", str(host), inside]
         bwrap += ["--remount-ro", "/", "--chdir", cwd or self.workdir]
         for key, value in env.items():
             bwrap += ["--setenv", key, value]
         return [*self.user_and_limits(), *bwrap, "--", *argv]
+
+    def _spawn(self, argv: list[str], env: dict[str, str], cwd: str | None, stdin) -> subprocess.Popen:
+        """As the base, and the command's pid namespace is noted (bwrap reports it on --info-fd) so
+        that its processes can be ended for certain, root or not."""
+        read, write = os.pipe()
+        try:
+            process = subprocess.Popen(self.wrap(argv, env, cwd, info_fd=write), stdin=stdin, stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, start_new_session=True, env=self._host_env(),
+                                       pass_fds=(write,))
+        except BaseException:
+            os.close(read)
+            raise
+        finally:
+            os.close(write)
+        namespace = _pid_namespace(read)
+        if namespace:
+            self._namespaces[process.pid] = namespace
+        return process

@@ -24,6 +24,7 @@ import threading
 import time
 from pathlib import Path
 
+from dockyard.sandboxes import host_paths
 from dockyard.sandboxes.base import (Sandbox, SandboxError, SandboxLimits, SandboxSpec, copy_host_path,
                                      make_read_only)
 
@@ -111,14 +112,12 @@ class DirectSandbox(Sandbox):
         if read_only:
             make_read_only(destination, 0o222)   # the commands run as the files' owner
 
-    def copy_out(self, source: str, target: Path) -> None:
+    def copy_out(self, source: str, target: Path, links: bool = False) -> None:
         self._check_alive()
         path = self._real(source)
         if not self._holds(path):
             raise SandboxError(f"{self.spec.name}: {source} is not in a folder this sandbox made")
-        if path.is_symlink() or not path.exists():
-            raise SandboxError(f"{self.spec.name}: {source} does not exist in the sandbox (or is a link)")
-        copy_host_path(path, Path(target))
+        host_paths.copy_out(Path("/"), str(path), Path(target), f"{self.spec.name}: {source}", links)
 
     def _teardown(self) -> None:
         with _held_changed:

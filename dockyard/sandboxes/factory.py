@@ -2,7 +2,9 @@
 at most `max_concurrent` alive at once in this process.
 
 Caps beyond the schema's keys are `env.sandbox` extra keys: memory_mb, max_processes, file_size_mb,
-cpu_time_s, open_files, output_bytes. Any other extra key is refused by name (no silent knobs).
+cpu_time_s, open_files, output_bytes, sandbox_memory_mb, workspace_mb, workspace_inodes, tmp_mb,
+shm_mb. Any other extra key is refused by name (no silent knobs). The first sandbox a process makes
+reaps what a dead trainer left on this machine (reaping.py).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import time
 from dockyard import registry
 from dockyard.config.schema.env import SandboxConfig
 from dockyard.sandboxes.base import Sandbox, SandboxError, SandboxLimits, SandboxSpec
+from dockyard.sandboxes.reaping import reap_once
+from dockyard.sandboxes.users import uid_range_problem
 
 LIMIT_KEYS = {f.name for f in dataclasses.fields(SandboxLimits)} - {"command_timeout_s"}
 
@@ -44,7 +48,7 @@ class SandboxFactory:
             raise SandboxError(f"env.sandbox.type: sandbox {config.type!r} is not available in this version "
                                "(see `dockyard list sandbox`)")
         self.backend = entry.factory
-        problem = getattr(self.backend, "refuses", lambda cfg: None)(config)
+        problem = getattr(self.backend, "refuses", lambda cfg: None)(config) or uid_range_problem(config)
         if problem:
             raise SandboxError(problem)
         self._slots = threading.BoundedSemaphore(config.max_concurrent)
@@ -58,6 +62,7 @@ class SandboxFactory:
                                f"{self.config.max_concurrent})")
         started = time.monotonic()
         try:
+            reap_once()
             sandbox = self.backend(spec, self.limits, config=self.config)
         except BaseException:
             self._slots.release()

@@ -1,48 +1,59 @@
-"""Sandboxes whose every command is a fresh wrapped process (bubblewrap, apptainer, enroot): the
-part they share.
+"""Sandboxes whose every command is a fresh wrapped process (bubblewrap, apptainer, enroot): the part they share.
 
-The sandbox's files live in host folders: the workspace, bound at the task's working directory, and
-one folder per other top-level place files are copied to (`/tests`, `/solution`, `/logs`), bound
-where they belong on every command started after the copy, read-only when copied so. Copying in and
-out is a host file copy. Each command runs under `prlimit` (the caps) and, when dockyard runs as root,
-as a user id of the sandbox's own (from 200000 up, one per live sandbox on the machine, held by a
-lock file): the process cap (RLIMIT_NPROC, counted per user) is then per sandbox and root-only host
-files stay unreadable; as a normal user it runs as that user.
+The sandbox's files live in host folders under one root of its own: the workspace, bound at the task's
+working directory, and one folder per other top-level place files are copied to (`/tests`, `/solution`,
+`/logs`), bound where they belong on every command started after the copy, read-only when copied so.
+As root that root is a tmpfs sized by `workspace_mb` and `workspace_inodes`, so the agent's files
+together are capped, not only each one. Copies in and out are host copies that never follow a link
+(host_paths.py).
+
+Who runs the commands: as root, the agent's commands run as a user id of the sandbox's own (leased
+from `env.sandbox.uid_range`, users.py): the process
+cap (RLIMIT_NPROC, counted per user) is then per sandbox, root-only host files stay unreadable, and
+the sandbox's processes are exactly that user's, so they can be ended for certain. At `hand_over`
+the verifier gets a second user id, and the workspace changes hands to it. As a normal user every
+command runs as that user; the processes are then found by the pid namespaces their commands ran in.
+
+Also as root: a cgroup per sandbox caps the memory of all its processes (`sandbox_memory_mb`, where
+the memory controller is writable), and a task that allows the network gets one of its own
+(network.py). Everything a sandbox makes on the host carries its trainer's owner token, so a trainer
+that starts can reap what a dead one left (reaping.py).
 """
 
 from __future__ import annotations
 
-import fcntl
+import ctypes
 import os
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
-from dockyard.sandboxes.base import (Sandbox, SandboxError, SandboxLimits, SandboxSpec, copy_host_path,
-                                     kill_user_processes, make_read_only)
+from dockyard.sandboxes import host_paths
+from dockyard.sandboxes.base import Sandbox, SandboxError, SandboxLimits, SandboxSpec
+from dockyard.sandboxes.cgroups import SandboxCgroup
+from dockyard.sandboxes.network import UserNetwork
+from dockyard.sandboxes.owners import owner_token
+from dockyard.sandboxes.processes import end_processes, in_pid_namespaces, of_user
+from dockyard.sandboxes.users import UidLease, uid_range
 
-FIRST_UID, UIDS = 200_000, 4096
-LOCK_DIR = Path(tempfile.gettempdir()) / "dockyard-sandbox-uids"
+FOLDER_PREFIX = "dockyard-sandbox-"
+SYSTEM_FOLDERS = ("/usr", "/etc", "/proc", "/dev", "/tmp", "/bin", "/lib", "/lib64", "/sbin")
+
+_libc = ctypes.CDLL(None, use_errno=True)
+MNT_DETACH = 2
 
 
-class UidLease:
-    """An exclusive user id for one sandbox, released when the lock file is closed (or the process dies)."""
+def mount_tmpfs(folder: Path, limits: SandboxLimits) -> None:
+    """A tmpfs of workspace_mb and workspace_inodes at `folder` (mount(2) itself: a `mount` process
+    per sandbox would cost more than the sandbox's own start)."""
+    options = f"size={limits.workspace_mb}m,nr_inodes={limits.workspace_inodes},mode=0711"
+    if _libc.mount(b"dockyard-sandbox", str(folder).encode(), b"tmpfs", 0, options.encode()) != 0:
+        raise SandboxError(f"could not mount the sandbox's tmpfs at {folder}: {os.strerror(ctypes.get_errno())}")
 
-    def __init__(self):
-        LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
-        for uid in range(FIRST_UID, FIRST_UID + UIDS):
-            handle = open(LOCK_DIR / str(uid), "w")
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                handle.close()
-                continue
-            self.uid, self._handle = uid, handle
-            return
-        raise SandboxError(f"all {UIDS} sandbox user ids are taken (lock files in {LOCK_DIR})")
 
-    def release(self) -> None:
-        self._handle.close()
+def unmount(folder: Path) -> None:
+    _libc.umount2(str(folder).encode(), MNT_DETACH)
 
 
 class HostFolderSandbox(Sandbox):
@@ -59,18 +70,32 @@ class HostFolderSandbox(Sandbox):
         self.image = getattr(config, "image", None)
         if not spec.workdir.startswith("/") or spec.workdir == "/":
             raise SandboxError(f"{spec.name}: the working directory must be an absolute folder, not {spec.workdir!r}")
-        self.host_root = Path(tempfile.mkdtemp(prefix="dockyard-sandbox-", dir=root))
-        self.host_root.chmod(0o711)   # the sandbox's user may pass through to its own folders, not list them
-        self.lease = UidLease() if os.geteuid() == 0 else None
-        self.uid = self.lease.uid if self.lease else os.geteuid()
-        self.gid = self.uid if self.lease else os.getegid()
+        self.uids = uid_range(config)
+        as_root = os.geteuid() == 0
+        self.host_root = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{owner_token()}-", dir=root))
+        self.mounted = False
+        self.lease = self.verifier_lease = None
+        self.cgroup: SandboxCgroup | None = None
+        self.network: UserNetwork | None = None
+        self._namespaces: dict[int, str] = {}      # host pid of a command -> the pid namespace it runs in
         self.mounts: dict[str, Path] = {}          # top-level inside folder -> host folder
         self.read_only: set[str] = set()           # mounts the sandbox's user does not own
-        self._mount(self.workdir)
         try:
+            if as_root:
+                mount_tmpfs(self.host_root, limits)
+                self.mounted = True
+            self.host_root.chmod(0o711)   # the sandbox's user may pass through to its own folders, not list them
+            self.lease = UidLease(*self.uids) if as_root else None
+            self.uid = self.lease.uid if self.lease else os.geteuid()
+            self.gid = self.uid if self.lease else os.getegid()
+            if as_root:
+                self.cgroup = SandboxCgroup.create(self.host_root.name, limits.sandbox_memory_mb * 1024 * 1024)
+            if spec.network:
+                self.network = UserNetwork(spec.name)
+            self._mount(self.workdir)
             for source, target in spec.files:
                 self.copy_in(source, target)
-        except Exception:
+        except BaseException:
             self.destroy()
             raise
 
@@ -81,75 +106,103 @@ class HostFolderSandbox(Sandbox):
         host.mkdir(exist_ok=True)
         if read_only:
             self.read_only.add(inside)
-        else:
-            self._own(host)
+        elif self.lease:
+            os.chown(host, self.uid, self.gid)
         self.mounts[inside] = host
         return host
 
-    def _host_path(self, inside: str, create: bool, read_only: bool = False) -> Path:
-        inside = os.path.normpath(inside)
-        if not inside.startswith("/"):
-            inside = os.path.normpath(os.path.join(self.workdir, inside))
+    def _locate(self, inside: str, create: bool, read_only: bool = False) -> tuple[str, Path, str]:
+        """(the mount holding `inside`, its host folder, the path below it)."""
+        inside = os.path.normpath(inside if inside.startswith("/") else os.path.join(self.workdir, inside))
         for mount, host in sorted(self.mounts.items(), key=lambda item: -len(item[0])):
             if inside == mount or inside.startswith(mount + "/"):
-                return host / os.path.relpath(inside, mount)
+                return mount, host, os.path.relpath(inside, mount)
         if not create:
             raise SandboxError(f"{self.spec.name}: {inside} is not in a folder this sandbox can hand out")
         top = "/" + inside.strip("/").split("/")[0]
-        if top in ("/usr", "/etc", "/proc", "/dev", "/tmp", "/bin", "/lib", "/lib64", "/sbin"):
+        if top in SYSTEM_FOLDERS:
             raise SandboxError(f"{self.spec.name}: cannot copy into {inside} (a system folder of the sandbox)")
-        return self._mount(top, read_only) / os.path.relpath(inside, top)
-
-    def _own(self, path: Path) -> None:
-        if self.lease:
-            os.chown(path, self.uid, self.gid)
+        return top, self._mount(top, read_only), os.path.relpath(inside, top)
 
     def copy_in(self, source: Path, target: str, read_only: bool = False) -> None:
         self._check_alive()
         source = Path(source)
         if not source.exists():
             raise SandboxError(f"{self.spec.name}: {source} does not exist (copying it to {target})")
-        destination = self._host_path(target, create=True, read_only=read_only)
-        mount = next(m for m, host in self.mounts.items() if destination == host or host in destination.parents)
+        mount, host, relative = self._locate(target, create=True, read_only=read_only)
         if read_only and mount not in self.read_only:
             raise SandboxError(f"{self.spec.name}: {target} is in {mount}, which the sandbox can write; "
                                "read-only files need a folder of their own")
-        copy_host_path(source, destination)
-        if read_only:
-            make_read_only(destination, 0o022)   # root owns it; the sandbox's user is group and other
-        elif self.lease:
-            for path in [destination, *(destination.rglob("*") if destination.is_dir() else [])]:
-                os.lchown(path, self.uid, self.gid)
-            parent = destination.parent
-            while parent != self.host_root and self.host_root in parent.parents:
-                os.chown(parent, self.uid, self.gid)
-                parent = parent.parent
+        owner = None if read_only or not self.lease else (self.uid, self.gid)
+        try:
+            host_paths.copy_in(source, host, "" if relative == "." else relative, owner,
+                               clear_bits=0o022 if read_only else 0)
+        except SandboxError as err:
+            raise SandboxError(f"{self.spec.name}: copying to {target}: {err}") from None
 
-    def copy_out(self, source: str, target: Path) -> None:
+    def copy_out(self, source: str, target: Path, links: bool = False) -> None:
         self._check_alive()
-        host = self._host_path(source, create=False)
-        if host.is_symlink() or not host.exists():
-            raise SandboxError(f"{self.spec.name}: {source} does not exist in the sandbox (or is a link)")
-        copy_host_path(host, Path(target))
+        _, host, relative = self._locate(source, create=False)
+        host_paths.copy_out(host, "" if relative == "." else relative, Path(target), f"{self.spec.name}: {source}",
+                            links)
+
+    def agent_writable(self) -> list[str]:
+        return [*[m for m in self.mounts if m not in self.read_only], "/tmp", "/dev/shm"]
+
+    def writable_host_folders(self) -> dict[str, Path]:
+        return {inside: host for inside, host in self.mounts.items() if inside not in self.read_only}
 
     # --- commands ---------------------------------------------------------------------------
 
     def user_and_limits(self) -> list[str]:
-        """The host command prefix: the sandbox's user (as root) and its caps. prlimit is outside the
-        wrapper, so the wrapper's own processes and the command count against the caps alike."""
-        limits = ["prlimit", *self.limits.prlimit(), "--"]
-        user = (["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--"]
-                if self.lease else [])
-        return [*user, *limits]
+        """The host command prefix: the sandbox's cgroup and network (as root), its user and its caps.
+        prlimit is outside the wrapper, so the wrapper's own processes and the command count against
+        the caps alike."""
+        prefix = [*(self.cgroup.join_prefix() if self.cgroup else []),
+                  *(self.network.enter_prefix() if self.network else [])]
+        if self.lease:
+            prefix += ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--"]
+        return [*prefix, "prlimit", *self.limits.prlimit(), "--"]
 
-    def after_shell_ended(self) -> None:
-        """The old shell's namespace is going away, but its processes die one by one, still counted
-        against the process cap of the sandbox's user; they are its only processes while no other shell
-        is open. Without a user of its own (not root) nothing here is the sandbox's alone to kill."""
-        if self.lease and not self.live_shells():
-            kill_user_processes(self.uid)
+    def end_processes(self) -> None:
+        """As root: every process of the sandbox's users; either way: every process in the pid
+        namespaces its commands ran in."""
+        name = f"{self.spec.name} ({self.kind} sandbox)"
+        for lease in (self.lease, self.verifier_lease):
+            if lease is not None:
+                end_processes(of_user(lease.uid), name)
+        if self._namespaces:
+            end_processes(in_pid_namespaces(set(self._namespaces.values())), name)
+            self._namespaces.clear()
+
+    def _finished(self, process: subprocess.Popen, killed: bool, shell: bool) -> None:
+        """A killed command's namespace dies with it, but not at once: its processes are waited for. A
+        shell that exited by itself may have left dying processes (a fork bomb's), still counted against
+        the process cap of the sandbox's user; as root they are its only processes while no other shell
+        is open, so they go before a new shell starts."""
+        namespace = self._namespaces.pop(process.pid, None)
+        if namespace and (killed or shell):
+            end_processes(in_pid_namespaces({namespace}), f"{self.spec.name} ({self.kind} sandbox)")
+        if shell and not killed and self.lease and not self.live_shells():
+            end_processes(of_user(self.uid), f"{self.spec.name} ({self.kind} sandbox)")
+
+    def _become_verifier(self) -> None:
+        if self.lease is None:
+            return   # a normal user has no second user id to give the verifier (docs/agents.md)
+        self.verifier_lease = UidLease(*self.uids)
+        self.uid = self.gid = self.verifier_lease.uid
+        for mount, host in self.mounts.items():
+            if mount not in self.read_only:
+                host_paths.chown_tree(host, (self.uid, self.gid))
 
     def _teardown(self) -> None:
+        if self.network is not None:
+            self.network.close()
+        if self.mounted:
+            unmount(self.host_root)
         shutil.rmtree(self.host_root, ignore_errors=True)
-        if self.lease:
-            self.lease.release()
+        if self.cgroup is not None:
+            self.cgroup.remove()
+        for lease in (self.lease, self.verifier_lease):
+            if lease is not None:
+                lease.release()

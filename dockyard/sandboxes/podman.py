@@ -3,31 +3,49 @@
 The container's root is `env.sandbox.image` when set (it must be in the local image store:
 `podman pull` or `podman load` it first; nothing is pulled at run time), else the host view that
 bubblewrap gives: an empty root with this machine's /usr and /etc bound read-only. Either way:
-- no network (`--network none`), no capabilities, no new privileges;
-- commands run as a user id of the sandbox's own (the same lease as bubblewrap's), so the image's
+- no network (`--network none`; a task that allows the network gets user-mode networking with this
+  machine closed, network.py), no capabilities for the sandbox's user, no new privileges;
+- commands run as a user id of the sandbox's own (the same leases as bubblewrap's), so the image's
   system folders and everything root-owned are read-only to them; the working directory is theirs;
-- caps: `--pids-limit` (max_processes), `--memory` (memory_mb, for the whole container, where the
-  cgroup memory controller allows it), `--ulimit` for file size, CPU time and open files;
+- what the agent can write is bounded: as root the working directory is a host tmpfs of the
+  sandbox's own (workspace_mb, workspace_inodes; an image's files there are copied into it), /tmp
+  and /var/tmp are tmpfs of tmp_mb (mode 1777), /dev/shm is shm_mb, and any other folder of an
+  image that everyone could write is closed at creation; nothing the agent writes lands in podman's
+  storage on the host's disk;
+- caps: `--pids-limit` (max_processes), `--memory` (sandbox_memory_mb, for the whole container, where
+  the cgroup memory controller allows it), `ulimit -v` per process (memory_mb), `--ulimit` for file
+  size, CPU time, open files and processes;
 - a task's Dockerfile: COPY/ADD sources are copied in, ENV and WORKDIR set, and its RUN lines run at
   creation, as root, in order, without network (the image build, done in the container: the task's
   base image itself is not pulled). A RUN line that fails fails the sandbox's creation, named.
-Files go in and out with `podman cp`. A command past its timeout is killed with every other process
-of the sandbox's user in the container (a shell session is restarted on its next command).
+Files go in and out of the working directory as host copies that follow no link (as root), else with
+`podman cp`. Every container is labelled with its trainer's owner token; a trainer that starts
+removes the containers of one that is gone (reaping.py). The sandbox's processes are its users'
+(from the host, as root): ended for certain after a timed-out command, at hand_over and at destroy.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import secrets
+import shlex
 import shutil
 import subprocess
+import tarfile
 import tempfile
 from pathlib import Path
 
-from dockyard.sandboxes.base import Sandbox, SandboxError, SandboxLimits, SandboxSpec, kill_user_processes
-from dockyard.sandboxes.host_folders import UidLease
+from dockyard.sandboxes import host_paths
+from dockyard.sandboxes.base import Sandbox, SandboxError, SandboxLimits, SandboxSpec
+from dockyard.sandboxes.host_folders import mount_tmpfs, unmount
+from dockyard.sandboxes.network import UserNetwork
+from dockyard.sandboxes.owners import owner_token
+from dockyard.sandboxes.processes import end_processes, of_user
+from dockyard.sandboxes.users import UidLease, uid_range
 
 PODMAN = ["podman", "--runtime", "runc"]   # crun is not in every distribution's podman; runc is
+OWNER_LABEL = "dockyard.owner"
 
 
 def podman_path() -> str | None:
@@ -40,6 +58,10 @@ def _podman(*args: str, timeout: float = 120, check: bool = True, input: bytes |
         raise SandboxError(f"podman {args[0]} failed ({result.returncode}): "
                            f"{result.stderr.decode(errors='replace').strip()[-500:]}")
     return result
+
+
+def _q(path: str) -> str:
+    return shlex.quote(path)
 
 
 class PodmanSandbox(Sandbox):
@@ -62,13 +84,35 @@ class PodmanSandbox(Sandbox):
         if podman_path() is None:
             raise SandboxError("podman is not installed (`apt-get install podman`)")
         self.image = getattr(config, "image", None)
-        self.name = "dockyard-" + secrets.token_hex(6)
-        self.lease = UidLease() if os.geteuid() == 0 else None
-        self.uid = self.lease.uid if self.lease else os.geteuid()
+        self.uids = uid_range(config)
+        self.name = f"dockyard-{secrets.token_hex(6)}"
+        self.as_root = os.geteuid() == 0
+        self.lease = self.verifier_lease = None
         self.root_dir: Path | None = None
+        self.host_root: Path | None = None
+        self.workspace: Path | None = None     # the working directory's host folder (as root)
+        self.network: UserNetwork | None = None
+        self.started = False
         try:
+            self.lease = UidLease(*self.uids) if self.as_root else None
+            self.uid = self.lease.uid if self.lease else os.geteuid()
+            if self.as_root:
+                self.host_root = Path(tempfile.mkdtemp(prefix=f"dockyard-podman-{owner_token()}-"))
+                mount_tmpfs(self.host_root, limits)
+                self.workspace = self.host_root / "workspace"
+                self.workspace.mkdir(mode=0o755)
+                if self.image:
+                    self._copy_image_workdir()
+                host_paths.chown_tree(self.workspace, (self.uid, self.uid))
+            if spec.network:
+                self.network = UserNetwork(spec.name)
             self._start()
-            self._exec_root(f"mkdir -p {_q(self.workdir)} && chown {self.uid}:{self.uid} {_q(self.workdir)}")
+            setup = [] if self.workspace else [f"mkdir -p {_q(self.workdir)} && chown {self.uid}:{self.uid} {_q(self.workdir)}"]
+            if self.image:   # other folders of the image that everyone may write would be unbounded
+                setup.append("find / -xdev -type d -perm -0002 ! -path /tmp ! -path /var/tmp ! -path '/proc/*' "
+                             "-exec chmod o-w {} + 2>/dev/null; true")
+            if setup:
+                self._exec_root(" && ".join(setup))
             for source, target in spec.files:
                 self.copy_in(source, target)
             for line in spec.run:
@@ -76,29 +120,47 @@ class PodmanSandbox(Sandbox):
                 if result.returncode != 0:
                     raise SandboxError(f"{spec.name}: the Dockerfile's RUN {line!r} failed ({result.returncode}): "
                                        f"{result.stdout.decode(errors='replace')[-300:]}")
-            self._exec_root(f"chown -R {self.uid}:{self.uid} {_q(self.workdir)}")
+            if spec.run:   # what the RUN lines made in the working directory is the agent's
+                self._own_workdir(self.uid)
         except BaseException:
-            self._teardown()
+            self.destroy()
             raise
+
+    def _copy_image_workdir(self) -> None:
+        """The image's files at the working directory, into the workspace that is bound over it."""
+        mounted = _podman("image", "mount", self.image).stdout.decode().strip()
+        try:
+            source = Path(mounted) / self.workdir.lstrip("/")
+            if source.is_dir():
+                shutil.copytree(source, self.workspace, symlinks=True, dirs_exist_ok=True)
+        finally:
+            _podman("image", "unmount", self.image, check=False)
 
     def _start(self) -> None:
         mb = 1024 * 1024
-        limits = ["--pids-limit", str(self.limits.max_processes), "--memory", f"{self.limits.memory_mb}m",
+        limits = ["--pids-limit", str(self.limits.max_processes), "--memory", f"{self.limits.sandbox_memory_mb}m",
                   "--ulimit", f"fsize={self.limits.file_size_mb * mb}:{self.limits.file_size_mb * mb}",
                   "--ulimit", f"cpu={self.limits.cpu_time_s}:{self.limits.cpu_time_s}",
                   "--ulimit", f"nofile={self.limits.open_files}:{self.limits.open_files}",
-                  "--ulimit", f"nproc={self.limits.max_processes}:{self.limits.max_processes}"]
+                  "--ulimit", f"nproc={self.limits.max_processes}:{self.limits.max_processes}",
+                  "--shm-size", f"{self.limits.shm_mb}m"]
+        tmp = f"rw,exec,size={self.limits.tmp_mb}m,mode=1777,notmpcopyup"
+        network = ["--network", f"ns:{self.network.path}", "-v", f"{self.network.resolv}:/etc/resolv.conf:ro"] \
+            if self.network else ["--network", "none"]
         # --init: catatonit as PID 1 reaps orphans (a killed fork bomb's zombies would hold the pids limit)
         common = ["run", "-d", "--init", "--init-path", shutil.which("catatonit") or "/usr/libexec/podman/catatonit",
-                  "--name", self.name, *([] if self.spec.network else ["--network", "none"]), "--cap-drop", "ALL",
+                  "--name", self.name, "--label", f"{OWNER_LABEL}={owner_token()}", *network, "--cap-drop", "ALL",
                   "--cap-add", "CHOWN,DAC_OVERRIDE,FOWNER,SETUID,SETGID",   # root's set-up steps only
-                  "--security-opt", "no-new-privileges", "--tmpfs", "/tmp:rw,mode=1777", *limits]
+                  "--security-opt", "no-new-privileges", "--tmpfs", f"/tmp:{tmp}", "--tmpfs", f"/var/tmp:{tmp}",
+                  *limits]
+        if self.workspace is not None:
+            common += ["-v", f"{self.workspace}:{self.workdir}"]
         for key, value in self.environment().items():
             common += ["--env", f"{key}={value}"]
         if self.image:
             command = [*common, self.image, "sleep", "infinity"]
         else:
-            self.root_dir = Path(tempfile.mkdtemp(prefix="dockyard-podman-root-"))
+            self.root_dir = Path(tempfile.mkdtemp(prefix=f"dockyard-podman-{owner_token()}-root-"))
             self.root_dir.chmod(0o755)   # the container's / : its user must pass through it
             for folder in ("usr", "etc", "tmp", "proc", "dev", "sys", "run"):
                 (self.root_dir / folder).mkdir()
@@ -111,6 +173,7 @@ class PodmanSandbox(Sandbox):
         if result.returncode != 0:
             raise SandboxError(f"{self.spec.name}: podman could not start the container: "
                                f"{result.stderr.decode(errors='replace').strip()[-500:]}")
+        self.started = True
 
     def _exec_root(self, command: str, check: bool = True, cwd: str = "/") -> subprocess.CompletedProcess:
         result = subprocess.run([*PODMAN, "exec", "--user", "0", "--workdir", cwd, self.name, "sh", "-c", command],
@@ -120,35 +183,60 @@ class PodmanSandbox(Sandbox):
                                f"{result.stdout.decode(errors='replace')[-300:]}")
         return result
 
+    def _own_workdir(self, uid: int) -> None:
+        if self.workspace is not None:
+            host_paths.chown_tree(self.workspace, (uid, uid))
+        else:
+            self._exec_root(f"chown -R {uid}:{uid} {_q(self.workdir)}")
+
     # --- the interface ------------------------------------------------------------------------
 
     def wrap(self, argv: list[str], env: dict[str, str], cwd: str | None = None) -> list[str]:
         flags = []
         for key, value in env.items():
             flags += ["--env", f"{key}={value}"]
+        # ulimit -v sets both limits: the command cannot raise it (the per-process cap; --memory is the container's)
+        capped = ["bash", "-c", f'ulimit -v {self.limits.memory_mb * 1024} && exec "$@"', "bash", *argv]
         return [*PODMAN, "exec", "-i", "--user", f"{self.uid}:{self.uid}", "--workdir", cwd or self.workdir, *flags,
-                self.name, *argv]
+                self.name, *capped]
 
-    def on_timeout(self) -> None:
-        self._kill_user_processes()
+    def _finished(self, process: subprocess.Popen, killed: bool, shell: bool) -> None:
+        """A command's leftovers (background jobs, a fork bomb at the pids limit) end with it, as in
+        bubblewrap, unless a shell session is open (its background jobs are the agent's); a killed
+        command or shell takes every process of the sandbox's user with it."""
+        if killed or not self.live_shells():
+            self.end_processes()
 
-    def after_command(self) -> None:
-        """A fresh command's leftovers (background jobs, a fork bomb at the pids limit) end with it, as
-        in bubblewrap, unless a shell session is open (its background jobs are the agent's)."""
-        if not self.live_shells():
-            self._kill_user_processes()
-
-    def after_shell_ended(self) -> None:
-        self.after_command()
-
-    def _kill_user_processes(self) -> None:
-        """From the host: the sandbox's user id is its own (as root), so its processes are exactly the
-        sandbox's; a container at its pids limit could not run a kill itself. As a normal user the
+    def end_processes(self) -> None:
+        """From the host: as root each user id is the sandbox's own, so its processes are exactly the
+        sandbox's (a container at its pids limit could not run a kill itself). As a normal user the
         container is restarted instead (its files stay, its processes go)."""
-        if self.lease is None:
+        if not self.started:
+            return
+        if not self.as_root:
             _podman("restart", "-t", "0", self.name, check=False)
             return
-        kill_user_processes(self.uid)
+        for lease in (self.lease, self.verifier_lease):
+            if lease is not None:
+                end_processes(of_user(lease.uid), f"{self.spec.name} (podman sandbox {self.name})")
+
+    def _become_verifier(self) -> None:
+        if self.lease is None:
+            return   # a normal user has no second user id to give the verifier (docs/agents.md)
+        self.verifier_lease = UidLease(*self.uids)
+        self.uid = self.verifier_lease.uid
+        self._own_workdir(self.uid)
+
+    def writable_host_folders(self) -> dict[str, Path]:
+        return {self.workdir: self.workspace} if self.workspace is not None else {}
+
+    def _in_workspace(self, inside: str) -> str | None:
+        """The path below the working directory, when `inside` is there and it is a host folder."""
+        if self.workspace is None:
+            return None
+        if inside == self.workdir or inside.startswith(self.workdir.rstrip("/") + "/"):
+            return os.path.relpath(inside, self.workdir)
+        return None
 
     def copy_in(self, source: Path, target: str, read_only: bool = False) -> None:
         self._check_alive()
@@ -156,24 +244,50 @@ class PodmanSandbox(Sandbox):
         if not source.exists():
             raise SandboxError(f"{self.spec.name}: {source} does not exist (copying it to {target})")
         target = os.path.normpath(target if target.startswith("/") else os.path.join(self.workdir, target))
-        if read_only and (target == self.workdir or target.startswith(self.workdir.rstrip("/") + "/")):
+        relative = self._in_workspace(target)
+        if read_only and (relative is not None or target == self.workdir or target.startswith(self.workdir.rstrip("/") + "/")):
             # its user owns the working directory, so it could replace a read-only file there
             raise SandboxError(f"{self.spec.name}: {target} is in {self.workdir}, which the sandbox can write; "
                                "read-only files need a folder of their own")
-        self._exec_root(f"mkdir -p {_q(os.path.dirname(target.rstrip('/')) or '/')}")
-        if source.is_dir():
-            self._exec_root(f"mkdir -p {_q(target)}")
-            _podman("cp", f"{source}/.", f"{self.name}:{target}")
-        else:
-            _podman("cp", str(source), f"{self.name}:{target}")
-        if read_only:
-            self._exec_root(f"chown -R 0:0 {_q(target)} && chmod -R a+rX,go-w {_q(target)}")
-        else:
-            self._exec_root(f"chown -R {self.uid}:{self.uid} {_q(target)}")
+        if relative is not None:
+            try:
+                host_paths.copy_in(source, self.workspace, "" if relative == "." else relative, (self.uid, self.uid))
+            except SandboxError as err:
+                raise SandboxError(f"{self.spec.name}: copying to {target}: {err}") from None
+            return
+        self.place([(source, target, read_only)])
 
-    def copy_out(self, source: str, target: Path) -> None:
+    def place(self, entries: list[tuple[Path, str, bool]]) -> None:
+        """Every entry in one `podman cp` of a tar stream and one exec that sets owners and modes (each
+        podman call is a round trip of a tenth of a second or more)."""
         self._check_alive()
-        source = source if source.startswith("/") else os.path.join(self.workdir, source)
+        direct = [(s, t, r) for s, t, r in entries if self._in_workspace(os.path.normpath(t)) is not None]
+        for source, target, read_only in direct:
+            self.copy_in(source, target, read_only)
+        rest = [(Path(s), os.path.normpath(t), r) for s, t, r in entries if (s, t, r) not in direct]
+        if not rest:
+            return
+        archive = io.BytesIO()
+        with tarfile.open(fileobj=archive, mode="w") as tar:
+            for source, target, _ in rest:
+                if not source.exists():
+                    raise SandboxError(f"{self.spec.name}: {source} does not exist (copying it to {target})")
+                tar.add(source, arcname=target.lstrip("/"))
+        _podman("cp", "-", f"{self.name}:/", input=archive.getvalue())
+        fixes = []
+        for _, target, read_only in rest:
+            fixes.append(f"chown -R 0:0 {_q(target)} && chmod -R a+rX,go-w {_q(target)}" if read_only
+                         else f"chown -R {self.uid}:{self.uid} {_q(target)}")
+        self._exec_root(" && ".join(fixes))
+
+    def copy_out(self, source: str, target: Path, links: bool = False) -> None:
+        self._check_alive()
+        source = os.path.normpath(source if source.startswith("/") else os.path.join(self.workdir, source))
+        relative = self._in_workspace(source)
+        if relative is not None:
+            host_paths.copy_out(self.workspace, "" if relative == "." else relative, Path(target),
+                                f"{self.spec.name}: {source}", links)
+            return
         kind = self._exec_root(f"test -L {_q(source)} && echo link || (test -e {_q(source)} && echo ok)", check=False)
         if kind.stdout.decode().strip() != "ok":
             raise SandboxError(f"{self.spec.name}: {source} does not exist in the sandbox (or is a link)")
@@ -182,13 +296,13 @@ class PodmanSandbox(Sandbox):
 
     def _teardown(self) -> None:
         _podman("rm", "-f", "-t", "0", self.name, check=False)
+        if self.network is not None:
+            self.network.close()
         if self.root_dir is not None:
             shutil.rmtree(self.root_dir, ignore_errors=True)
-        if self.lease:
-            self.lease.release()
-
-
-def _q(path: str) -> str:
-    import shlex
-
-    return shlex.quote(path)
+        if self.host_root is not None:
+            unmount(self.host_root)
+            shutil.rmtree(self.host_root, ignore_errors=True)
+        for lease in (self.lease, self.verifier_lease):
+            if lease is not None:
+                lease.release()

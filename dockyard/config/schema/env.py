@@ -26,6 +26,10 @@ class SandboxConfig(OpenSection):
     max_concurrent: PositiveInt = field(32, "Sandboxes alive at once per rollout node.")
     trusted: bool = field(False, "Only with type none, which it must be set for: the policy's commands run on "
                           "this machine with no isolation (docs/agents.md).")
+    uid_range: tuple[int, int] = field((200_000, 204_095), "User ids (first, last) the sandboxes run as when dockyard "
+                                       "is root: two per live sandbox (the agent's, the verifier's); none may belong "
+                                       "to a user, a group or a subuid range of this machine (checked before "
+                                       "anything starts).")
 
 
 class EnvConfig(OpenSection):

@@ -1,0 +1,95 @@
+"""The user ids sandboxes run as when dockyard is root: `env.sandbox.uid_range`, one lease per user of a
+live sandbox (the agent's, and the verifier's once it takes over), checked against this machine's
+user database before anything starts.
+
+An id in the range must belong to nobody: a sandbox's processes are found and ended by their user id,
+so an id shared with a real user, a group or a range of /etc/subuid (the ids rootless containers of
+the machine's users run as) would make another's processes look like the sandbox's.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import grp
+import pwd
+import tempfile
+from pathlib import Path
+
+from dockyard.sandboxes.base import SandboxError
+from dockyard.sandboxes.processes import end_processes, of_user
+
+DEFAULT_UIDS = (200_000, 204_095)
+LOCK_DIR = Path(tempfile.gettempdir()) / "dockyard-sandbox-uids"
+
+
+def uid_range(config) -> tuple[int, int]:
+    value = getattr(config, "uid_range", None)
+    return (int(value[0]), int(value[1])) if value else DEFAULT_UIDS
+
+
+def _sub_ranges(path: Path) -> list[tuple[str, int, int]]:
+    """(owner, first, last) of each line of /etc/subuid or /etc/subgid."""
+    ranges = []
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return ranges
+    for line in lines:
+        owner, _, rest = line.partition(":")
+        start, _, count = rest.partition(":")
+        if start.isdigit() and count.isdigit():
+            ranges.append((owner, int(start), int(start) + int(count) - 1))
+    return ranges
+
+
+def uid_range_problem(config) -> str | None:
+    """Why env.sandbox.uid_range cannot be used on this machine, or None."""
+    first, last = uid_range(config)
+    if first <= 0 or last < first:
+        return f"env.sandbox.uid_range: [{first}, {last}] is not a range of user ids above 0 (first <= last)"
+    needed = 2 * getattr(config, "max_concurrent", 1)
+    if last - first + 1 < needed:
+        return (f"env.sandbox.uid_range: [{first}, {last}] holds {last - first + 1} ids; {needed} are needed "
+                f"(two per sandbox alive at once, env.sandbox.max_concurrent={needed // 2})")
+    taken = [f"user {u.pw_name} ({u.pw_uid})" for u in pwd.getpwall() if first <= u.pw_uid <= last]
+    taken += [f"group {g.gr_name} ({g.gr_gid})" for g in grp.getgrall() if first <= g.gr_gid <= last]
+    for uid in range(first, last + 1, 256):   # directories that do not enumerate (LDAP) answer lookups
+        try:
+            taken.append(f"user {pwd.getpwuid(uid).pw_name} ({uid})")
+        except KeyError:
+            pass
+    for path in (Path("/etc/subuid"), Path("/etc/subgid")):
+        taken += [f"{path} range of {owner} ({start}-{end})" for owner, start, end in _sub_ranges(path)
+                  if start <= last and end >= first]
+    if taken:
+        return (f"env.sandbox.uid_range: [{first}, {last}] overlaps ids this machine uses: "
+                f"{', '.join(sorted(set(taken))[:5])}; choose a range nobody has")
+    return None
+
+
+class UidLease:
+    """An exclusive user id for one sandbox from [first, last], released when the lock file is closed (or
+    the process dies). An id whose lock is free but that still has processes (a dead trainer's sandbox)
+    is handed out only once they are gone: a new sandbox never shares its user with a leftover."""
+
+    def __init__(self, first: int, last: int):
+        LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
+        for uid in range(first, last + 1):
+            handle = open(LOCK_DIR / str(uid), "w")
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.close()
+                continue
+            try:
+                end_processes(of_user(uid), f"sandbox user {uid} (left by a trainer that is gone)")
+            except SandboxError:
+                handle.close()
+                continue
+            self.uid, self._handle = uid, handle
+            return
+        raise SandboxError(f"all {last - first + 1} sandbox user ids of env.sandbox.uid_range [{first}, {last}] are "
+                           f"taken (lock files in {LOCK_DIR})")
+
+    def release(self) -> None:
+        self._handle.close()
