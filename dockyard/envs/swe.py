@@ -8,26 +8,32 @@ A dataset row is a task in SWE-bench's or SWE-bench Pro's columns (swe_tasks.py)
 metadata_key to null so the environment gets the whole row. Scoring one patch:
   1. integrity check (env.integrity_check): a patch that touches a test file, one the task's test
      patch touches or one named like a test (tests/, test_*.py, *_test.py, conftest.py, pytest.ini),
-     scores 0 and is flagged, before anything runs;
+     that adds a file shadowing test machinery (pytest.py, a pytest/ package, sitecustomize.py,
+     usercustomize.py, a .pth file, an executable named like an interpreter or test runner) or
+     touches .git/, scores 0 and is flagged, before anything runs;
   2. a fresh sandbox with the repository checked out at base_commit in /testbed, the Pro row's
      before_repo_set_cmd run there;
   3. the patch applied (`git apply`, then `patch --fuzz=5` as the harness falls back); one that does
      not apply scores 0;
   4. the test files reset to base_commit and the task's test patch applied, so nothing the patch did
      to them counts;
-  5. the tests run (at most env.sandbox.command_exec_timeout_s); pytest's -rA summary decides.
+  5. the tests run (at most env.sandbox.command_exec_timeout_s) in the verifier's environment
+     (grading.py: no user site, HOME outside the repository, git hooks off), and each test's status
+     comes from the record pytest itself writes where only the verifier writes: a -rA summary on
+     stdout never pays, and a plugin loaded from a file the patch touched is refused.
 Reward (env.reward_mode): `binary` is 1 when every FAIL_TO_PASS and PASS_TO_PASS test passes, else 0;
 `tests_pass` is the fraction of FAIL_TO_PASS tests that pass, 0 if any PASS_TO_PASS test fails.
 Patches are scored env.num_workers at a time, each within env.task_timeout_s.
 
 Extra env keys: reward_mode (binary | tests_pass; binary), integrity_check (true), repos_dir (the
 folder of repositories; default: `repos/` beside the task file), sandbox_urls (scoring servers on
-other machines, swe_server.py; default: score here); agentic: tool_format, max_output_chars (as
-terminal_bench).
+other machines, swe_server.py; default: score here) with scoring_secret_file (the secret they and
+the run share); agentic: tool_format, max_output_chars (as terminal_bench).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import sys
@@ -41,15 +47,17 @@ from pathlib import Path, PurePosixPath
 from dockyard.agents.tool_format import TERMINAL_TOOLS
 from dockyard.config.schema.env import EnvConfig, SandboxConfig
 from dockyard.data.datasets import Prompt, split_row_slice
-from dockyard.envs.swe_server import RemoteScorers, ScoringServerError
+from dockyard.envs.grading import (SHADOW_PACKAGES, read_records, shadows_test_machinery, verifier_env,
+                                   verifier_files)
+from dockyard.envs.swe_server import RemoteScorers, ScoringServerError, read_secret
 from dockyard.envs.swe_tasks import RepoStore, SweTask, SweTaskError, patch_files, read_task_file, task_from_row
 from dockyard.envs.terminal_bench import ShellEpisode
-from dockyard.envs.terminal_trial import TrialResult, pytest_statuses
+from dockyard.envs.terminal_trial import TrialResult
 from dockyard.sandboxes.base import SandboxError, SandboxSpec
 from dockyard.sandboxes.factory import SandboxFactory
 
 REWARD_MODES = ("binary", "tests_pass")
-PASSING = ("PASSED", "XFAIL")     # SWE-bench counts an expected failure as passing
+PASSING = ("passed", "xfailed")   # SWE-bench counts an expected failure as passing (a skip as not)
 TESTBED = "/testbed"
 TEST_DIRS = {"test", "tests", "testing"}
 TEST_CONFIG_FILES = {"conftest.py", "pytest.ini"}
@@ -81,9 +89,47 @@ def looks_like_test(path: str) -> bool:
 
 
 def edited_tests(task: SweTask, patch: str) -> list[str]:
-    """The test files a patch touches: the integrity check's finding."""
+    """The test files a patch touches."""
     protected = set(patch_files(task.test_patch)) | set(task.test_files)
     return [path for path in patch_files(patch) if path in protected or looks_like_test(path)]
+
+
+_FILE_HEADER = re.compile(r"^diff --git a/\S+ b/(\S+)|^\+\+\+ b/(\S+)")
+_NEW_MODE = re.compile(r"^(?:new file mode|new mode) (\d+)")
+
+
+def added_files(patch: str) -> dict[str, bool]:
+    """The files a patch adds or makes executable: path -> executable."""
+    found: dict[str, bool] = {}
+    current, new = None, False
+    for line in patch.splitlines():
+        header = _FILE_HEADER.match(line)
+        if header:
+            current = header.group(1) or header.group(2)
+            if line.startswith("+++") and new:
+                found.setdefault(current, False)
+            continue
+        if line.startswith("--- "):
+            new = line.strip() == "--- /dev/null"
+        mode = _NEW_MODE.match(line)
+        if mode and current:
+            found[current] = found.get(current, False) or bool(int(mode.group(1), 8) & 0o111)
+    return found
+
+
+def shadowing_paths(patch: str) -> list[str]:
+    """What a patch adds that would stand in for test machinery, and anything it does to .git/."""
+    flagged = [path for path in patch_files(patch) if path == ".git" or path.startswith(".git/")]
+    for path, executable in added_files(patch).items():
+        parts = PurePosixPath(path).parts
+        if shadows_test_machinery(parts[-1], False, executable) or any(part in SHADOW_PACKAGES for part in parts[:-1]):
+            flagged.append(path)
+    return flagged
+
+
+def integrity_findings(task: SweTask, patch: str) -> list[str]:
+    """The integrity check: test files a patch touches, and what it adds that shadows test machinery."""
+    return list(dict.fromkeys(edited_tests(task, patch) + shadowing_paths(patch)))
 
 
 @dataclass
@@ -107,10 +153,11 @@ class SweScorer:
 
     def score(self, task: SweTask, patch: str) -> SweResult:
         started = time.monotonic()
-        flagged = edited_tests(task, patch)
+        flagged = integrity_findings(task, patch)
         if flagged and self.integrity_check:
             return SweResult(0.0, flagged=flagged, seconds=time.monotonic() - started,
-                             log=f"integrity check: the patch edits test files ({', '.join(flagged)}); scored 0")
+                             log=f"integrity check: the patch edits test files or adds what shadows test machinery "
+                                 f"({', '.join(flagged)}); scored 0")
         checkout = self.repos.checkout(task)
         limit = self.sandboxes.limits.command_timeout_s
         with tempfile.TemporaryDirectory() as scratch, \
@@ -140,9 +187,22 @@ class SweScorer:
             if not tests_in.ok:
                 raise SweTaskError(f"{task.where}: its test_patch does not apply at base_commit "
                                    f"({_status(tests_in)}): {tests_in.output.strip()[-300:]}")
-            run = sandbox.run(task.test_command, timeout_s=limit)
+            env, _ = verifier_env(sandbox, {}, [], safe_path=False, plugin_autoload=True)
+            sandbox.place(verifier_files(Path(scratch) / "verifier"))
+            run = sandbox.run(task.test_command, timeout_s=limit, env=env, replace_env=True)
+            sandbox.end_processes()
             log.append(run.output)
-        statuses = pytest_statuses(run.output)
+            records, problems = read_records(sandbox)
+        statuses: dict[str, str] = {}
+        for record in records:
+            statuses.update(record.tests)
+        touched = {f"{TESTBED}/{path}" for path in patch_files(patch)}
+        foreign = sorted({p for record in records for p in record.plugins if os.path.normpath(p) in touched})
+        if foreign or problems or not records:
+            why = (f"pytest loaded a plugin from a file the patch touched ({', '.join(foreign)})" if foreign
+                   else problems[0] if problems else "pytest wrote no record (the tests did not run pytest to its end)")
+            return SweResult(0.0, False, True, flagged + foreign, {}, "\n".join(log) + f"\n[verifier: {why}; scored 0]",
+                             time.monotonic() - started)
         passed = [test for test in task.fail_to_pass if statuses.get(test) in PASSING]
         broken = [test for test in task.pass_to_pass if statuses.get(test) not in PASSING]
         resolved = len(passed) == len(task.fail_to_pass) and not broken
@@ -168,7 +228,8 @@ class SweEnvironment:
     multi_turn = None    # either way: single shot without env.agent, agentic with one
     tools = TERMINAL_TOOLS
     AGENT_KEYS = frozenset({"tool_format", "max_output_chars"})
-    EXTRA_KEYS = frozenset({"reward_mode", "integrity_check", "repos_dir", "sandbox_urls"}) | AGENT_KEYS
+    EXTRA_KEYS = frozenset({"reward_mode", "integrity_check", "repos_dir", "sandbox_urls", "scoring_secret_file"}) \
+        | AGENT_KEYS
 
     @classmethod
     def check_settings(cls, config: EnvConfig) -> dict:
@@ -190,6 +251,10 @@ class SweEnvironment:
         if not isinstance(urls, list) or not all(isinstance(u, str) and u.startswith(("http://", "https://"))
                                                  for u in urls):
             raise ValueError(f"env.sandbox_urls: must be a list of http(s) URLs of scoring servers, got {urls!r}")
+        if urls:
+            read_secret(extra.get("scoring_secret_file"))
+        elif extra.get("scoring_secret_file"):
+            raise ValueError("env.scoring_secret_file: only scoring servers (env.sandbox_urls) read it; remove it")
         return extra
 
     def __init__(self, config: EnvConfig):
@@ -206,7 +271,8 @@ class SweEnvironment:
         # the agent's sandboxes are here; with scoring servers the scoring sandboxes are theirs
         # (env.sandbox applies there), so a single-shot run with servers makes none here
         self.sandboxes = (SandboxFactory(config.sandbox or SandboxConfig()) if self.multi_turn or not urls else None)
-        self.remote = RemoteScorers(urls, config.task_timeout_s) if urls else None
+        self.remote = RemoteScorers(urls, config.task_timeout_s, read_secret(extra.get("scoring_secret_file"))) \
+            if urls else None
         self.scorer = None if urls else SweScorer(self.sandboxes, self.repos, mode, integrity)
         self.reward_mode, self.integrity_check = mode, integrity
         self._tasks: dict[tuple[str, str], SweTask] = {}
@@ -244,9 +310,8 @@ class SweEnvironment:
         """The patch scored here, or by the least-busy scoring server (env.sandbox_urls)."""
         if self.remote is None:
             return self.scorer.score(task, patch)
-        answer = self.remote.score({"row": task.row, "task_file": str(Path(task.task_file).resolve()), "patch": patch,
-                                    "reward_mode": self.reward_mode, "integrity_check": self.integrity_check,
-                                    "repos_dir": self.repos_dir})
+        answer = self.remote.score({"instance_id": task.instance_id, "patch": patch, "reward_mode": self.reward_mode,
+                                    "integrity_check": self.integrity_check})
         return SweResult(float(answer["reward"]), bool(answer["resolved"]), bool(answer["applied"]),
                          list(answer["flagged"]), log=str(answer["log"]))
 
@@ -305,10 +370,14 @@ class SweEpisode(ShellEpisode):
                 raise SweTaskError(f"{task.where}: before_repo_set_cmd failed ({_status(setup)})")
 
     def patch(self) -> str:
-        """The agent's changes as a diff against base_commit (new files included; caches left out)."""
+        """The agent's changes as a diff against base_commit (new files included; caches left out), taken
+        by the verifier once the agent's processes are gone (git hooks and fsmonitor off)."""
+        self.sandbox.hand_over()
+        env, _ = verifier_env(self.sandbox, {}, [], safe_path=True, plugin_autoload=False)
         saved = f"{TESTBED}/.git/dockyard-agent.patch"
         result = self.sandbox.run("rm -rf .pytest_cache; find . -name __pycache__ -type d -prune -exec rm -rf {} +; "
-                                  f"git add -A && git diff --cached --no-color {self.task.base_commit} > {saved}")
+                                  f"git add -A && git diff --cached --no-color {self.task.base_commit} > {saved}",
+                                  env={**env, "HOME": TESTBED}, replace_env=True)
         if not result.ok:
             return ""
         with tempfile.TemporaryDirectory() as folder:
@@ -316,8 +385,8 @@ class SweEpisode(ShellEpisode):
             return (Path(folder) / "agent.patch").read_text(errors="replace")
 
     def finish(self) -> float:
-        self.shell.close()
         patch = self.patch()
+        self.suspicious = shadowing_paths(patch)
         result = self.env.judge(self.task, patch)
         if result.flagged and self.env.integrity_check:
             print(f"swe: {self.task.instance_id}: integrity check: the agent edited {', '.join(result.flagged)}; "

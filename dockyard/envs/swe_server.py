@@ -2,18 +2,25 @@
 
 Scoring a SWE patch is CPU work (a checkout, a sandbox, the test suite) that should not compete with
 the trainer's rank 0. `dockyard env serve-swe --config C` starts a server on a machine with the
-sandbox backend and the repositories (a shared filesystem: repos_dir and the task files must be at
-the same paths there); the run's `env.sandbox_urls` lists such servers, and each patch is scored by the
-server with the fewest patches in flight. The request carries the row and the run's reward mode and
-integrity setting, so a server serves any run; the answer is the scorer's result.
+sandbox backend and the repositories (a shared filesystem: the config's task files and repos_dir
+must be at the same paths there); the run's `env.sandbox_urls` lists such servers, and each patch is
+scored by the server with the fewest patches in flight.
 
-Routes: GET /health, POST /score {"row", "task_file", "patch", "reward_mode", "integrity_check",
-"repos_dir"} -> {"reward", "resolved", "applied", "flagged", "log"}. A task that cannot be scored
-answers 422 with the reason; the client raises it, naming the server.
+The server scores only the tasks of its own config (the swe task files in its data.datasets, with
+its repos_dir): a request names a task by instance_id and carries the patch and the run's reward
+mode and integrity setting, never a row, a task file or a folder to read. Every /score request must
+carry the run's secret (`Authorization: Bearer <secret>`), read by both sides from
+`env.scoring_secret_file` (a file only its owner can read, on the shared filesystem); a request
+without it is refused with 401, before anything is read.
+
+Routes: GET /health, POST /score {"instance_id", "patch", "reward_mode", "integrity_check"} ->
+{"reward", "resolved", "applied", "flagged", "log"}. An unknown task answers 404, one that cannot be
+scored 422 with the reason; the client raises either, naming the server.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import os
 import signal
@@ -26,7 +33,7 @@ from typing import Optional
 import httpx
 from pydantic import BaseModel
 
-from dockyard.envs.swe_tasks import RepoStore, SweTaskError, task_from_row
+from dockyard.envs.swe_tasks import RepoStore, SweTaskError
 from dockyard.sandboxes.base import SandboxError
 
 
@@ -34,12 +41,34 @@ class ScoringServerError(RuntimeError):
     """A scoring server did not answer, or answered with an error; the message names it."""
 
 
+def read_secret(path: str | None) -> str:
+    """The run's scoring secret from env.scoring_secret_file; ValueError naming the field when it is
+    missing, empty or readable by others."""
+    if not path:
+        raise ValueError("env.scoring_secret_file: scoring servers (env.sandbox_urls) need a secret shared by the "
+                         "run and the servers: a file holding a random string, readable by its owner only "
+                         "(`python3 -c 'import secrets; print(secrets.token_hex(32))' > F; chmod 600 F`)")
+    file = Path(path)
+    try:
+        mode = file.stat().st_mode
+        secret = file.read_text().strip()
+    except OSError as err:
+        raise ValueError(f"env.scoring_secret_file: {path} cannot be read ({err.strerror})") from None
+    if mode & 0o077:
+        raise ValueError(f"env.scoring_secret_file: {path} can be read by others (mode {mode & 0o777:o}); "
+                         f"`chmod 600 {path}`")
+    if len(secret) < 16:
+        raise ValueError(f"env.scoring_secret_file: {path} holds fewer than 16 characters; write a random string")
+    return secret
+
+
 class RemoteScorers:
     """Sends each patch to the least-busy server of env.sandbox_urls."""
 
-    def __init__(self, urls: list[str], timeout_s: float):
+    def __init__(self, urls: list[str], timeout_s: float, secret: str):
         self.urls = [url.rstrip("/") for url in urls]
         self.timeout_s = timeout_s
+        self.headers = {"Authorization": f"Bearer {secret}"}
         self.in_flight = {url: 0 for url in self.urls}
         self._lock = threading.Lock()
 
@@ -48,14 +77,14 @@ class RemoteScorers:
             url = min(self.urls, key=lambda u: self.in_flight[u])
             self.in_flight[url] += 1
         try:
-            response = httpx.post(f"{url}/score", json=request, timeout=self.timeout_s)
+            response = httpx.post(f"{url}/score", json=request, timeout=self.timeout_s, headers=self.headers)
         except httpx.HTTPError as err:
             raise ScoringServerError(f"scoring server {url} (env.sandbox_urls) did not answer /score: "
                                      f"{type(err).__name__}: {err}") from None
         finally:
             with self._lock:
                 self.in_flight[url] -= 1
-        if response.status_code == 422:
+        if response.status_code in (404, 422):
             raise SweTaskError(f"scoring server {url}: {response.json().get('detail')}")
         if response.status_code != 200:
             raise ScoringServerError(f"scoring server {url} answered /score with {response.status_code}: "
@@ -64,45 +93,63 @@ class RemoteScorers:
 
 
 class ScoreRequest(BaseModel):
-    row: dict
-    task_file: str
+    instance_id: str
     patch: str
     reward_mode: str = "binary"
     integrity_check: bool = True
-    repos_dir: Optional[str] = None
 
 
-def build_app(sandboxes):
-    from fastapi import FastAPI, HTTPException
+def build_app(sandboxes, tasks: dict, repos: RepoStore, secret: str):
+    """tasks: instance_id -> SweTask of the server's own config; only those are scored."""
+    from fastapi import FastAPI, Header, HTTPException
 
     from dockyard.envs.swe import REWARD_MODES, SweScorer
 
     app = FastAPI(title="dockyard swe scoring server")
-    stores: dict[str | None, RepoStore] = {}
-    lock = threading.Lock()
+    expected = f"Bearer {secret}".encode()
 
     @app.get("/health")
     def health() -> dict:
         return {"status": "ok"}
 
     @app.post("/score")
-    def score(request: ScoreRequest) -> dict:   # a plain def: FastAPI runs it in its thread pool
+    def score(request: ScoreRequest, authorization: Optional[str] = Header(None)) -> dict:
+        # a plain def: FastAPI runs it in its thread pool
+        if not hmac.compare_digest((authorization or "").encode(), expected):
+            raise HTTPException(status_code=401, detail="this scoring server needs the run's secret "
+                                                        "(env.scoring_secret_file)")
         if request.reward_mode not in REWARD_MODES:
             raise HTTPException(status_code=422, detail=f"reward_mode {request.reward_mode!r} is not one of "
                                                         f"{', '.join(REWARD_MODES)}")
-        with lock:
-            if request.repos_dir not in stores:
-                stores[request.repos_dir] = RepoStore(request.repos_dir)
-            store = stores[request.repos_dir]
-        scorer = SweScorer(sandboxes, store, request.reward_mode, request.integrity_check)
+        task = tasks.get(request.instance_id)
+        if task is None:
+            raise HTTPException(status_code=404, detail=f"task {request.instance_id!r} is not one of this server's "
+                                                        f"{len(tasks)} tasks (its config's data.datasets)")
+        scorer = SweScorer(sandboxes, repos, request.reward_mode, request.integrity_check)
         try:
-            result = scorer.score(task_from_row(request.row, request.task_file), request.patch)
+            result = scorer.score(task, request.patch)
         except (SweTaskError, SandboxError) as err:
             raise HTTPException(status_code=422, detail=str(err)) from None
         return {"reward": result.reward, "resolved": result.resolved, "applied": result.applied,
                 "flagged": result.flagged, "log": result.log[-8000:]}
 
     return app
+
+
+def server_tasks(cfg) -> tuple[dict, list[str]]:
+    """instance_id -> task of every swe task file in the config's data.datasets, and the problems."""
+    from dockyard.envs.swe_tasks import read_task_file
+
+    tasks, problems = {}, []
+    for dataset in cfg.data.datasets:
+        path = getattr(dataset, "path", None)
+        if not path:
+            continue
+        found, bad = read_task_file(path)
+        problems += bad
+        for task in found:
+            tasks.setdefault(task.instance_id, task)
+    return tasks, problems
 
 
 def serve(cfg, host: str, port: int, address_file: str | None) -> int:
@@ -114,9 +161,17 @@ def serve(cfg, host: str, port: int, address_file: str | None) -> int:
 
     try:
         sandboxes = SandboxFactory(cfg.env.sandbox or SandboxConfig())
-    except SandboxError as err:
+        secret = read_secret((cfg.env.model_extra or {}).get("scoring_secret_file"))
+        tasks, problems = server_tasks(cfg)
+    except (SandboxError, ValueError) as err:
         print(f"dockyard env serve-swe: {err}", file=sys.stderr)
         return 2
+    for problem in problems:
+        print(f"dockyard env serve-swe: skipped: {problem}", file=sys.stderr)
+    if not tasks:
+        print("dockyard env serve-swe: no swe task in the config's data.datasets; nothing to score", file=sys.stderr)
+        return 2
+    repos = RepoStore((cfg.env.model_extra or {}).get("repos_dir"))
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)   # the trainer's preemption warning, not ours
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -128,7 +183,7 @@ def serve(cfg, host: str, port: int, address_file: str | None) -> int:
         tmp = target.with_name(target.name + ".tmp")
         tmp.write_text(json.dumps({"host": socket.gethostname(), "port": port, "pid": os.getpid()}))
         os.replace(tmp, target)
-    print(f"dockyard env serve-swe: scoring with {sandboxes.config.type} sandboxes on {host}:{port}",
+    print(f"dockyard env serve-swe: scoring {len(tasks)} tasks with {sandboxes.config.type} sandboxes on {host}:{port}",
           file=sys.stderr, flush=True)
-    uvicorn.Server(uvicorn.Config(build_app(sandboxes), log_level="warning")).run(sockets=[sock])
+    uvicorn.Server(uvicorn.Config(build_app(sandboxes, tasks, repos, secret), log_level="warning")).run(sockets=[sock])
     return 0

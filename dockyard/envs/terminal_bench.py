@@ -9,8 +9,11 @@ it (the agent's terminal), the agent's `bash` calls run there with their own tim
 env.sandbox.command_exec_timeout_s), and at the end the task's tests (terminal_trial.verify). The
 agent's time is the task's max_agent_timeout_sec, at most env.task_timeout_s.
 
-Extra env keys: `tool_format` (auto | hermes | plain, see dockyard/agents/tool_format.py) and
-`max_output_chars` (how much of a command's output the model sees; 4000).
+Extra env keys: `tool_format` (auto | hermes | plain, see dockyard/agents/tool_format.py),
+`max_output_chars` (how much of a command's output the model sees; 4000) and `grading`
+(same_sandbox | fresh_sandbox: where the tests run, see terminal_trial.py and docs/agents.md).
+An episode reports what in its workspace shadows test machinery (`suspicious`) and a verifier
+error (`verifier_error`); the rollouts count both per step.
 """
 
 from __future__ import annotations
@@ -24,11 +27,12 @@ from dockyard.agents.tool_format import TERMINAL_TOOLS, Action
 from dockyard.config.schema.env import EnvConfig, SandboxConfig
 from dockyard.data.datasets import Prompt
 from dockyard.envs.terminal_tasks import TaskFormatError, TerminalTask, load_task, load_tasks
-from dockyard.envs.terminal_trial import AGENTS, TrialResult, run_trial, sandbox_spec, setup_notes, verify
+from dockyard.envs.terminal_trial import (AGENTS, GRADINGS, TrialResult, regrade_sandbox, run_trial, sandbox_spec,
+                                          setup_notes, verify)
 from dockyard.sandboxes.base import Sandbox, SandboxError
 from dockyard.sandboxes.factory import SandboxFactory
 
-KNOWN_EXTRA = {"tool_format", "max_output_chars"}
+KNOWN_EXTRA = {"tool_format", "max_output_chars", "grading"}
 
 
 class TerminalBenchEnvironment:
@@ -38,14 +42,23 @@ class TerminalBenchEnvironment:
     tools = TERMINAL_TOOLS
     EXTRA_KEYS = KNOWN_EXTRA
 
-    def __init__(self, config: EnvConfig):
+    @classmethod
+    def check_settings(cls, config: EnvConfig) -> dict:
+        """The env settings, checked (ValueError naming the field); the preflight calls it too."""
         extra = dict(config.model_extra or {})
         unknown = sorted(set(extra) - KNOWN_EXTRA)
         if unknown:
             raise ValueError(f"env.{unknown[0]}: not a terminal_bench setting (known: {', '.join(sorted(KNOWN_EXTRA))})")
+        if extra.get("grading", "same_sandbox") not in GRADINGS:
+            raise ValueError(f"env.grading: {extra['grading']!r} is not one of {', '.join(GRADINGS)}")
+        return extra
+
+    def __init__(self, config: EnvConfig):
+        extra = self.check_settings(config)
         self.config = config
         self.tool_format = str(extra.get("tool_format", "auto"))
         self.max_output_chars = int(extra.get("max_output_chars", 4000))
+        self.grading = str(extra.get("grading", "same_sandbox"))
         self.sandboxes = SandboxFactory(config.sandbox or SandboxConfig())
         self._tasks: dict[Path, TerminalTask] = {}
         self._lock = threading.Lock()
@@ -76,9 +89,10 @@ class TerminalBenchEnvironment:
     def reference_trials(cls, cfg, source: Path, agent: str) -> tuple[list[TrialResult], list[str]]:
         """`dockyard env check`: every task in a sandbox with the oracle or the no-op agent at work."""
         tasks = load_tasks(source)
+        grading = cls.check_settings(cfg.env).get("grading", "same_sandbox")
         factory = SandboxFactory(cfg.env.sandbox or SandboxConfig())
         with ThreadPoolExecutor(max_workers=cfg.env.num_workers) as pool:
-            return list(pool.map(lambda task: run_trial(task, factory.create, AGENTS[agent]), tasks)), []
+            return list(pool.map(lambda task: run_trial(task, factory.create, AGENTS[agent], grading), tasks)), []
 
 
 class ShellEpisode:
@@ -91,6 +105,8 @@ class ShellEpisode:
         self.shell = sandbox.shell()
         self.deadline = time.monotonic() + time_s
         self.events: list[dict] = []
+        self.suspicious: list[str] = []          # what in the workspace shadows test machinery (grading.py)
+        self.verifier_error: str | None = None
 
     @property
     def out_of_time(self) -> bool:
@@ -127,8 +143,11 @@ class TerminalEpisode(ShellEpisode):
         self.notes = setup_notes(task, sandbox)
 
     def finish(self) -> float:
-        """Close the agent's shell and run the task's tests: the reward."""
-        self.shell.close()
-        reward, test_output = verify(self.task, self.sandbox)
-        self.events.append({"tests": test_output[-4000:], "reward": reward})
-        return reward
+        """Hand the sandbox over to the verifier and run the task's tests: the reward."""
+        if self.env.grading == "fresh_sandbox":
+            self.sandbox = regrade_sandbox(self.task, self.sandbox, self.env.sandboxes.create)
+        grade = verify(self.task, self.sandbox)
+        self.suspicious, self.verifier_error = grade.suspicious, grade.error
+        self.events.append({"tests": grade.output[-4000:], "reward": grade.reward, "verifier_error": grade.error,
+                            "suspicious": grade.suspicious, "notes": grade.notes})
+        return grade.reward

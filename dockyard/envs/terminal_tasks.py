@@ -16,7 +16,9 @@ Harbor / Terminal-Bench 2 (a task folder):
     instruction.md
     environment/Dockerfile   (build context: environment/)
     tests/test.sh    copied into /tests after the agent finishes; writes /logs/verifier/reward.txt
-                     (one number) or reward.json ({"reward": x}); without one, its exit status decides
+                     (one number) or reward.json ({"reward": x}) within [0, 1] (or `[verifier]
+                     reward_range = [low, high]`, this project's addition); a missing or bad one is a
+                     verifier error (reward 0), as in Harbor
     solution/solve.sh
 
 A task set is a folder of task folders or a jsonl index whose rows name task folders (`path`, or
@@ -33,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+
+from dockyard.sandboxes.base import BASE_ENV
 
 TB1_AGENT_TIMEOUT_S, TB1_TEST_TIMEOUT_S = 360.0, 60.0
 HARBOR_AGENT_TIMEOUT_S, HARBOR_TEST_TIMEOUT_S = 600.0, 600.0
@@ -69,6 +73,7 @@ class TerminalTask:
     solution: Path | None             # copied to /solution for the oracle only
     dockerfile: Path | None
     metadata: dict = field(default_factory=dict)
+    reward_range: tuple[float, float] = (0.0, 1.0)   # Harbor: a reward file outside it is a verifier error
 
 
 
@@ -120,7 +125,9 @@ def parse_dockerfile(path: Path, context: Path) -> DockerfileSetup:
             target = _expand(rest.strip(), setup.env)
             setup.workdir = target if target.startswith("/") else str(Path(setup.workdir or "/", target))
         elif keyword == "ENV":
-            setup.env.update({k: _expand(v, setup.env) for k, v in _env_pairs(rest).items()})
+            # `$PATH` in an ENV line is the image's PATH: the standard one, as every sandbox starts with
+            known = {"PATH": BASE_ENV["PATH"], **setup.env}
+            setup.env.update({k: _expand(v, known) for k, v in _env_pairs(rest).items()})
         elif keyword in ("COPY", "ADD"):
             args = [a for a in _arguments(rest) if not a.startswith("--")]
             flags = [a for a in _arguments(rest) if a.startswith("--from")]
@@ -201,13 +208,19 @@ def _load_harbor(folder: Path) -> TerminalTask:
     dockerfile = environment / "Dockerfile"
     setup = parse_dockerfile(dockerfile, environment) if dockerfile.is_file() else DockerfileSetup()
     solution = folder / "solution" / "solve.sh"
+    reward_range = meta.get("verifier", {}).get("reward_range", [0.0, 1.0])
+    if not (isinstance(reward_range, list) and len(reward_range) == 2
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in reward_range)
+            and reward_range[0] < reward_range[1]):
+        raise TaskFormatError(f"{path}: [verifier] reward_range must be [low, high] with low < high, got {reward_range!r}")
     return TerminalTask(
         name=folder.name, folder=folder, layout="harbor", instruction=instruction_file.read_text().strip(),
         agent_timeout_s=float(meta.get("agent", {}).get("timeout_sec", HARBOR_AGENT_TIMEOUT_S)),
         test_timeout_s=float(meta.get("verifier", {}).get("timeout_sec", HARBOR_TEST_TIMEOUT_S)),
         setup=setup, tests=tests, test_command="bash /tests/test.sh",
         solution=solution if solution.is_file() else None, dockerfile=dockerfile if dockerfile.is_file() else None,
-        metadata={**meta.get("metadata", {}), "environment": meta.get("environment", {})})
+        metadata={**meta.get("metadata", {}), "environment": meta.get("environment", {})},
+        reward_range=(float(reward_range[0]), float(reward_range[1])))
 
 
 def load_task(folder: str | Path) -> TerminalTask:

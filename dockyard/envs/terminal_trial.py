@@ -1,16 +1,17 @@
 """One trial of a terminal task: a sandbox built from the task, an agent at work in it, then the
 task's own tests, which decide the reward.
 
-The order matters for honesty: the agent's shells are closed before verification; the tests are
-copied only then, into /tests, read-only (the agent could not have written there: the sandbox's
-root is read-only), and the Harbor reward folder /logs/verifier is created empty at that moment,
-so nothing the agent did can plant a result. The oracle agent alone gets the task's solution, in
-/solution, read-only.
+The order matters for honesty (grading.py has the rest): the sandbox is handed over first (the
+agent's shells closed, every process it started gone for certain, the workspace the verifier's
+user's); the tests are copied only then, into /tests, read-only, with a fresh /logs/verifier of the
+verifier's, and they run in the verifier's environment; the grade is read once every process they
+started is gone. With `grading: fresh_sandbox` (an extra key of terminal_bench) the tests run in a
+new sandbox built from the task that receives only the agent's workspace. The oracle agent alone gets
+the task's solution, in /solution, read-only.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import tempfile
 import time
@@ -20,10 +21,13 @@ from typing import Callable
 
 import yaml
 
+from dockyard.envs.grading import (Grade, foreign_plugins, pytest_grade, read_records, reward_file, shadowing_files, task_placed,
+                                   verifier_env, verifier_files)
 from dockyard.envs.terminal_tasks import TerminalTask
 from dockyard.sandboxes.base import Sandbox, SandboxError, SandboxSpec
 
 _PYTEST_RESULT = re.compile(r"^(PASSED|FAILED|ERROR|XPASS|XFAIL|SKIPPED)\s+(\S+)", re.MULTILINE)
+GRADINGS = ("same_sandbox", "fresh_sandbox")
 
 
 @dataclass
@@ -35,6 +39,8 @@ class TrialResult:
     test_output: str = ""
     notes: list[str] = field(default_factory=list)
     error: str | None = None
+    verifier_error: str | None = None
+    suspicious: list[str] = field(default_factory=list)
 
     @property
     def resolved(self) -> bool:
@@ -65,56 +71,54 @@ def setup_notes(task: TerminalTask, sandbox: Sandbox) -> list[str]:
 
 
 def pytest_statuses(output: str) -> dict[str, str]:
-    """Each test id's status in a pytest -rA summary (PASSED, FAILED, ERROR, XPASS, XFAIL, SKIPPED)."""
+    """Each test id's status in a pytest -rA summary (PASSED, FAILED, ERROR, XPASS, XFAIL, SKIPPED): for
+    the logs only; grades come from pytest's own record (grading.py)."""
     return {name: status for status, name in _PYTEST_RESULT.findall(output)}
 
 
-def pytest_resolved(output: str) -> tuple[bool, str]:
-    """Terminal-Bench's pytest parser: resolved when the -rA summary lists tests and all passed."""
-    results = _PYTEST_RESULT.findall(output)
-    if not results:
-        return False, "no pytest results in the output (run-tests.sh must run pytest with -rA)"
-    failed = [name for status, name in results if status in ("FAILED", "ERROR")]
-    if failed:
-        return False, f"{len(failed)} of {len(results)} tests failed: {', '.join(failed[:5])}"
-    return True, f"{len(results)} tests passed"
+def regrade_sandbox(task: TerminalTask, used: Sandbox, make_sandbox: Callable[[SandboxSpec], Sandbox]) -> Sandbox:
+    """`grading: fresh_sandbox`: a new sandbox from the task that receives only the agent's workspace
+    (its links kept as links); the agent's sandbox is destroyed first (its slot frees the new one's)."""
+    used.hand_over()
+    with tempfile.TemporaryDirectory() as keep:
+        used.copy_out(used.workdir, Path(keep) / "workspace", links=True)
+        used.destroy()
+        fresh = make_sandbox(sandbox_spec(task))
+        try:
+            fresh.hand_over()
+            fresh.place([(Path(keep) / "workspace", fresh.workdir, False)])
+        except BaseException:
+            fresh.destroy()
+            raise
+    return fresh
 
 
-def verify(task: TerminalTask, sandbox: Sandbox) -> tuple[float, str]:
-    for source, target in task.tests:
-        sandbox.copy_in(source, target, read_only=True)
-    with tempfile.TemporaryDirectory() as empty:
-        sandbox.copy_in(Path(empty), "/logs/verifier")
-    result = sandbox.run(task.test_command, timeout_s=task.test_timeout_s, env={"TEST_DIR": "/tests"})
+def verify(task: TerminalTask, sandbox: Sandbox) -> Grade:
+    """The task's tests on what the agent left in `sandbox` (handed over to the verifier here)."""
+    sandbox.hand_over()
+    suspicious = shadowing_files(sandbox, task_placed(task.setup.copies))
+    env, notes = verifier_env(sandbox, dict(task.setup.env), ["/tests"], safe_path=True, plugin_autoload=False)
+    with tempfile.TemporaryDirectory() as scratch:
+        sandbox.place([(source, target, True) for source, target in task.tests] + verifier_files(Path(scratch)))
+    result = sandbox.run(task.test_command, timeout_s=task.test_timeout_s, env={**env, "TEST_DIR": "/tests"},
+                         replace_env=True)
+    sandbox.end_processes()   # whatever the tests started is gone before anything is read
     output = result.output
     if result.timed_out:
-        return 0.0, output + f"\n[tests timed out after {task.test_timeout_s:.0f} s]"
+        return Grade(0.0, output + f"\n[tests timed out after {task.test_timeout_s:.0f} s]", None, suspicious, notes)
+    records, problems = read_records(sandbox)
     if task.layout == "harbor":
-        reward = _harbor_reward(sandbox)
-        if reward is not None:
-            return reward, output
-        return (1.0 if result.exit_code == 0 else 0.0), output + "\n[no reward file; the exit status decided]"
-    resolved, why = pytest_resolved(output)
-    return (1.0 if resolved else 0.0), output + f"\n[{why}]"
-
-
-def _harbor_reward(sandbox: Sandbox) -> float | None:
-    with tempfile.TemporaryDirectory() as folder:
-        for name in ("reward.txt", "reward.json"):
-            target = Path(folder) / name
-            try:
-                sandbox.copy_out(f"/logs/verifier/{name}", target)
-            except SandboxError:
-                continue
-            text = target.read_text().strip()
-            try:
-                value = json.loads(text) if name.endswith(".json") else float(text)
-            except (ValueError, json.JSONDecodeError):
-                return 0.0
-            if isinstance(value, dict):
-                value = value.get("reward", 0.0)
-            return float(value) if isinstance(value, (int, float)) else 0.0
-    return None
+        reward, why, error = reward_file(sandbox, *task.reward_range)
+        foreign = foreign_plugins(records, sandbox.agent_writable(), ["/tests"])
+        if foreign and not error:   # the reward came from tests an agent's plugin could have rewritten
+            why = error = f"pytest loaded a plugin or conftest.py the agent could have written: {', '.join(foreign[:5])}"
+            reward = 0.0
+    else:
+        resolved, why, error = pytest_grade(records, problems, bool(_PYTEST_RESULT.search(output)),
+                                            sandbox.agent_writable(), ["/tests"])
+        reward = 1.0 if resolved else 0.0
+    verdict = f"\n[verifier error: {why}]" if error else f"\n[{why}]"
+    return Grade(reward, output + verdict, error, suspicious, notes)
 
 
 # --- the two reference agents: what `dockyard env check` runs ---------------------------------
@@ -149,17 +153,27 @@ AGENTS: dict[str, Callable[[TerminalTask, Sandbox], str]] = {"oracle": oracle_ag
 
 
 def run_trial(task: TerminalTask, make_sandbox: Callable[[SandboxSpec], Sandbox],
-              agent: Callable[[TerminalTask, Sandbox], str]) -> TrialResult:
+              agent: Callable[[TerminalTask, Sandbox], str], grading: str = "same_sandbox") -> TrialResult:
     started = time.monotonic()
     result = TrialResult(task.name, 0.0, 0.0)
+    sandbox = None
     try:
-        with make_sandbox(sandbox_spec(task)) as sandbox:
-            result.notes = setup_notes(task, sandbox)
-            result.agent_output = agent(task, sandbox)
-            for session in sandbox._shells:
-                session.close()
-            result.reward, result.test_output = verify(task, sandbox)
+        sandbox = make_sandbox(sandbox_spec(task))
+        result.notes = setup_notes(task, sandbox)
+        result.agent_output = agent(task, sandbox)
+        if grading == "fresh_sandbox":
+            sandbox = regrade_sandbox(task, sandbox, make_sandbox)
+        grade = verify(task, sandbox)
+        result.reward, result.test_output, result.verifier_error = grade.reward, grade.output, grade.error
+        result.suspicious, result.notes = grade.suspicious, result.notes + grade.notes
+        if grade.error:
+            result.notes.append(f"verifier error: {grade.error}")
+        if grade.suspicious:
+            result.notes.append(f"reward hack suspected: {', '.join(grade.suspicious[:5])}")
     except SandboxError as err:
         result.error = str(err)
+    finally:
+        if sandbox is not None:
+            sandbox.destroy()
     result.seconds = time.monotonic() - started
     return result

@@ -117,6 +117,10 @@ class AgentRolloutCollector(RolloutCollector):
         try:
             if episode.error is None and episode.handle is not None:
                 episode.reward = float(episode.handle.finish())
+                refused = getattr(episode.handle, "verifier_error", None)
+                if refused:
+                    print(f"dockyard: verifier error ({episode.prompt.metadata.get('name') or episode.prompt.source}): "
+                          f"{refused}; reward 0", file=sys.stderr, flush=True)
         except Exception as err:
             episode.error = f"{type(err).__name__}: {err}"
         finally:
@@ -187,7 +191,9 @@ class AgentRolloutCollector(RolloutCollector):
                         loss_mask=list(transcript.mask), rollout_logprobs=list(transcript.logprobs))
         trajectory = Trajectory(sample, episode.reward, finish_reason=episode.finish_reason,
                                 max_tokens=self.max_total - len(transcript.prompt_ids), attempts=attempt,
-                                action_valid=episode.invalid_actions == 0, versions=list(transcript.versions))
+                                action_valid=episode.invalid_actions == 0, versions=list(transcript.versions),
+                                suspicious=list(getattr(episode.handle, "suspicious", None) or []),
+                                verifier_error=getattr(episode.handle, "verifier_error", None))
         if episode.error is not None or not transcript.tokens:
             trajectory.status, trajectory.error = FAILED, episode.error or "no tokens were generated"
             trajectory.raw_reward = 0.0
@@ -234,5 +240,7 @@ class AgentRolloutCollector(RolloutCollector):
                 out.write(json.dumps({
                     "prompt": episode.prompt.input, "task": episode.prompt.metadata, "seed": seed,
                     "turns": episode.turns, "sandbox_events": events, "ended_by": episode.ended_by,
+                    "suspicious_files": getattr(episode.handle, "suspicious", []),
+                    "verifier_error": getattr(episode.handle, "verifier_error", None),
                     "invalid_actions": episode.invalid_actions, "reward": episode.reward, "error": episode.error,
                     "seconds": round(time.monotonic() - episode.started, 3)}, default=str) + "\n")

@@ -44,6 +44,8 @@ class Trajectory:
     max_tokens: int = 0
     error: str | None = None
     versions: list[int] | None = None   # async: per response token, the weights version that sampled it (-1: not sampled)
+    suspicious: list[str] = field(default_factory=list)   # what in an agent's workspace shadows test machinery
+    verifier_error: str | None = None   # the grader could not trust the tests' verdict (the reward is 0)
 
 
 @dataclass
@@ -288,7 +290,11 @@ class RolloutCollector:
                    "sampling/groups_sampled": float(len(sampled)), "sampling/groups_kept": float(len(kept)),
                    "sampling/failed_trajectories": float(sum(t.status == FAILED for t in every)),
                    "sampling/retried_trajectories": float(sum(t.attempts > 1 for t in every)),
-                   "sampling/invalid_actions": float(sum(not t.action_valid for t in every))}
+                   "sampling/invalid_actions": float(sum(not t.action_valid for t in every)),
+                   # an agent that leaves files shadowing the test machinery, or a verdict the grader
+                   # refused: the first signs of a policy learning to fake its grade
+                   "reward_hack_suspected": float(sum(bool(t.suspicious) for t in every)),
+                   "verifier_errors": float(sum(t.verifier_error is not None for t in every))}
         for name, count in dropped.items():
             metrics[f"sampling/dropped_{name}"] = float(count)
         # sampled tokens only: a multi-turn trajectory's observations (loss mask 0) were not generated

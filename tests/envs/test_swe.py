@@ -108,7 +108,7 @@ def test_reward_modes_partial_fixes_and_broken_tests(repos, tmp_path):
     partial = partial.replace("@@ -9,3 +9,15 @@", "@@ -9,3 +9,13 @@")
     fraction = scorer(repos, "tests_pass").score(pro, partial)
     assert fraction.applied and fraction.reward == pytest.approx(2 / 3), fraction.log
-    assert fraction.statuses["tests/test_format.py::test_format_zero_and_negative"] == "FAILED"
+    assert fraction.statuses["tests/test_format.py::test_format_zero_and_negative"] == "failed"
     assert scorer(repos, "binary").score(pro, partial).reward == 0.0
     assert scorer(repos, "binary").score(pro, pro.patch).reward == 1.0
     # the fix of mean([]) that also breaks median (a PASS_TO_PASS test): 0 in both modes
@@ -119,8 +119,8 @@ def test_reward_modes_partial_fixes_and_broken_tests(repos, tmp_path):
     assert fixed.reward == 1.0, fixed.log
     both = diff_of(repos, mean_task, tmp_path / "b", fix, ("minicalc/stats.py", "ordered[len(ordered) // 2]", "ordered[0]"))
     broken = scorer(repos, "tests_pass").score(mean_task, both)
-    assert broken.statuses["tests/test_stats.py::test_mean_of_nothing_raises"] == "PASSED"
-    assert broken.statuses["tests/test_stats.py::test_median_odd"] == "FAILED" and broken.reward == 0.0
+    assert broken.statuses["tests/test_stats.py::test_mean_of_nothing_raises"] == "passed"
+    assert broken.statuses["tests/test_stats.py::test_median_odd"] == "failed" and broken.reward == 0.0
     garbage = scorer(repos).score(mean_task, "--- a/minicalc/nothere.py\n+++ b/minicalc/nothere.py\n@@ -1 +1 @@\n-x\n+y\n")
     assert garbage.reward == 0.0 and not garbage.applied and "does not apply" in garbage.log
 
@@ -129,7 +129,10 @@ def test_reward_modes_partial_fixes_and_broken_tests(repos, tmp_path):
 def test_the_integrity_check_stops_a_patch_that_rewrites_test_results(repos):
     slug = tasks()["dockyard-tasks__textkit-slugify-collapse"]
     unchecked = scorer(repos, integrity=False).score(slug, CHEAT)
-    assert unchecked.reward == 1.0, unchecked.log      # the cheat works when nothing stops it
+    # without the integrity check the conftest.py runs and pytest's summary says every test passed; the
+    # grade comes from pytest's record, which names the plugin the patch added, and pays nothing
+    assert "FAILED" not in unchecked.log and "PASSED tests/test_slug.py" in unchecked.log, unchecked.log
+    assert unchecked.reward == 0.0 and "/testbed/conftest.py" in unchecked.flagged, unchecked.log
     checked = scorer(repos).score(slug, CHEAT)
     assert checked.reward == 0.0 and checked.flagged == ["conftest.py"] and not checked.applied
     # editing the task's own test file does not help either way: the test files are reset first
@@ -189,8 +192,17 @@ def test_a_row_is_refused_by_column():
 
 
 @pytest.fixture(scope="module")
-def scoring_server(tmp_path_factory):
-    """A real `dockyard env serve-swe` process (bubblewrap sandboxes) on a free port; yields its URL."""
+def secret_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("secret") / "scoring.secret"
+    path.write_text("0123456789abcdef0123456789abcdef\n")
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture(scope="module")
+def scoring_server(tmp_path_factory, secret_file):
+    """A real `dockyard env serve-swe` process (bubblewrap sandboxes) on a free port, scoring the tasks of
+    grpo_swe_local's dataset (the shipped SWE-bench rows); yields its URL."""
     import os
     import time
 
@@ -198,7 +210,10 @@ def scoring_server(tmp_path_factory):
     address = folder / "address.json"
     log = open(folder / "server.log", "w")
     process = subprocess.Popen([sys.executable, "-m", "dockyard.cli", "env", "serve-swe", "--config", "grpo_swe_local.yaml",
-                                "--host", "127.0.0.1", "--port", "0", "--address-file", str(address), "models_dir=models"],
+                                "--host", "127.0.0.1", "--port", "0", "--address-file", str(address), "models_dir=models",
+                                f"+env.scoring_secret_file={secret_file}",
+                                f"data.datasets=[{{name: a, path: {SHIPPED / 'swe_bench.jsonl'}, metadata_key: null}}, "
+                                f"{{name: b, path: {SHIPPED / 'swe_pro.jsonl'}, metadata_key: null}}]"],
                                cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONPATH=str(REPO)))
     deadline = time.monotonic() + 120
     while not address.exists():
@@ -211,24 +226,53 @@ def scoring_server(tmp_path_factory):
 
 
 @needs_bwrap
-def test_patches_are_scored_by_the_scoring_servers_in_sandbox_urls(scoring_server, tmp_path):
+def test_a_scoring_server_needs_the_runs_secret_and_scores_only_its_own_tasks(scoring_server, secret_file, tmp_path):
+    import httpx
+
+    request = {"instance_id": "dockyard-tasks__textkit-slugify-collapse", "patch": ""}
+    assert httpx.post(f"{scoring_server}/score", json=request, timeout=60).status_code == 401
+    wrong = {"Authorization": "Bearer " + "f" * 32}
+    assert httpx.post(f"{scoring_server}/score", json=request, headers=wrong, timeout=60).status_code == 401
+    right = {"Authorization": f"Bearer {secret_file.read_text().strip()}"}
+    # what a client once could send: a row of its own, a task file and a repos folder to read
+    forged = {**request, "instance_id": "not-a-task-of-this-server", "row": {"test_cmd": "touch /tmp/owned"},
+              "task_file": "/etc/passwd", "repos_dir": "/root"}
+    answer = httpx.post(f"{scoring_server}/score", json=forged, headers=right, timeout=60)
+    assert answer.status_code == 404 and "not one of this server's" in answer.json()["detail"]
+    assert httpx.post(f"{scoring_server}/score", json=request, headers=right, timeout=120).json()["reward"] == 0.0
+    from dockyard.config.schema.env import EnvConfig
+    from dockyard.envs.swe import SweEnvironment
+
+    with pytest.raises(ValueError, match="env.scoring_secret_file: scoring servers .* need a secret"):
+        SweEnvironment(EnvConfig(name="swe", sandbox_urls=[scoring_server]))
+    loose = tmp_path / "loose.secret"
+    loose.write_text("0123456789abcdef0123456789abcdef")
+    loose.chmod(0o644)
+    with pytest.raises(ValueError, match="can be read by others .*`chmod 600"):
+        SweEnvironment(EnvConfig(name="swe", sandbox_urls=[scoring_server], scoring_secret_file=str(loose)))
+
+
+@needs_bwrap
+def test_patches_are_scored_by_the_scoring_servers_in_sandbox_urls(scoring_server, secret_file, tmp_path):
     from dockyard.config.schema.env import EnvConfig
     from dockyard.data.datasets import Prompt
     from dockyard.envs.swe import SweEnvironment
     from dockyard.envs.swe_server import ScoringServerError
 
     dead = "http://127.0.0.1:9"   # the discard port: nothing listens
-    env = SweEnvironment(EnvConfig(name="swe", sandbox_urls=[scoring_server], reward_mode="tests_pass"))
+    env = SweEnvironment(EnvConfig(name="swe", sandbox_urls=[scoring_server], reward_mode="tests_pass",
+                                   scoring_secret_file=str(secret_file)))
     assert env.scorer is None    # nothing is scored on this machine
     row = json.loads((SHIPPED / "swe_bench.jsonl").read_text().splitlines()[3])
     prompt = Prompt(row["text"], row["patch"], row, "swe", str(SHIPPED / "swe_bench.jsonl"))
     assert env.score(f"<patch>\n{row['patch']}</patch>", prompt) == 1.0
     assert env.score("no patch at all", prompt) == 0.0
     assert env.judge(env.task_for(prompt), CHEAT).flagged == ["conftest.py"]
-    cfg = load_config("grpo_swe_local.yaml", ["models_dir=models", f"+env.sandbox_urls=[{scoring_server}]"]).config
+    cfg = load_config("grpo_swe_local.yaml", ["models_dir=models", f"+env.sandbox_urls=[{scoring_server}]",
+                                              f"+env.scoring_secret_file={secret_file}"]).config
     out = io.StringIO()
     assert check(cfg, str(SHIPPED / "swe_pro.jsonl"), "oracle", out) == 0, out.getvalue()
-    unreachable = SweEnvironment(EnvConfig(name="swe", sandbox_urls=[dead]))
+    unreachable = SweEnvironment(EnvConfig(name="swe", sandbox_urls=[dead], scoring_secret_file=str(secret_file)))
     with pytest.raises(ScoringServerError, match=f"scoring server {dead} .env.sandbox_urls. did not answer /score"):
         unreachable.score(row["patch"], prompt)
     with pytest.raises(ValueError, match="env.sandbox_urls: must be a list of http"):

@@ -11,7 +11,8 @@ import pytest
 
 from dockyard.config.schema.env import SandboxConfig
 from dockyard.envs.terminal_tasks import TaskFormatError, load_task, load_tasks, parse_dockerfile
-from dockyard.envs.terminal_trial import noop_agent, oracle_agent, pytest_resolved, run_trial, sandbox_spec
+from dockyard.envs.grading import PytestRecord, pytest_grade
+from dockyard.envs.terminal_trial import noop_agent, oracle_agent, run_trial, sandbox_spec
 from dockyard.sandboxes.bubblewrap import bwrap_path
 from dockyard.sandboxes.factory import SandboxFactory
 from dockyard.sandboxes.podman import podman_path
@@ -90,11 +91,27 @@ def test_broken_task_folders_and_indexes_are_named(tmp_path):
     assert loaded.name == "hello-file" and loaded.instruction == "Say hello in hello.txt."
 
 
-def test_the_pytest_summary_decides_terminal_bench_tasks():
-    assert pytest_resolved("PASSED t.py::a\nPASSED t.py::b\n") == (True, "2 tests passed")
-    assert pytest_resolved("PASSED t.py::a\nFAILED t.py::b - assert\n")[0] is False
-    assert pytest_resolved("ERROR t.py - ImportError\n")[0] is False
-    assert pytest_resolved("no tests ran")[0] is False
+def test_pytests_own_record_decides_terminal_bench_tasks_never_its_printed_summary():
+    def grade(*records, printed=False):
+        return pytest_grade(list(records), [], printed, ["/app", "/tmp"], ["/tests"])
+
+    passed = PytestRecord(0, {"t.py::a": "passed", "t.py::b": "xfailed"}, ["/usr/lib/python3/dist-packages/_pytest/main.py"])
+    assert grade(passed) == (True, "2 tests passed (pytest's record)", None)
+    assert grade(PytestRecord(1, {"t.py::a": "passed", "t.py::b": "failed"}, []))[:2] == (False, "1 of 2 tests failed: t.py::b")
+    assert grade(PytestRecord(2, {"t.py": "error"}, []))[0] is False
+    assert grade(PytestRecord(5, {}, [])) == (False, "pytest ran no test", None)
+    # a summary on stdout with no session behind it (a fake pytest printed it): no pay, and it is a verifier error
+    resolved, _, error = grade(printed=True)
+    assert not resolved and "the output shows pytest results: they are not trusted" in error
+    assert grade() == (False, "pytest wrote no record (the tests did not run pytest to its end)", None)
+    # what pytest decided and how it exited must agree
+    assert "exited 0 but its record has failures" in grade(PytestRecord(0, {"t.py::a": "failed"}, []))[2]
+    assert "exited 1 (tests failed) but its record has no failure" in grade(PytestRecord(1, {"t.py::a": "passed"}, []))[2]
+    # a conftest.py or plugin from where the agent could write, or a conftest outside the task's tests
+    for plugin in ("/app/conftest.py", "/tmp/evil_plugin.py", "/srv/conftest.py"):
+        resolved, _, error = grade(PytestRecord(0, {"t.py::a": "passed"}, [plugin]))
+        assert not resolved and plugin in error
+    assert grade(PytestRecord(0, {"t.py::a": "passed"}, ["/tests/conftest.py"]))[0] is True
 
 
 @needs_bwrap
