@@ -256,7 +256,8 @@ def shadows_test_machinery(name: str, is_dir: bool, executable: bool) -> bool:
 def shadowing_files(sandbox: Sandbox, placed: dict[str, str], limit: int = 50) -> list[str]:
     """What in the workspace (the folders the agent could write that outlive its commands) would stand in
     for test machinery: pytest.py, a pytest/ package, conftest.py other than the task's own,
-    sitecustomize / usercustomize, .pth files, executables named like interpreters or test runners."""
+    sitecustomize / usercustomize, .pth files, executables named like interpreters or test runners, an
+    installed distribution that registers a pytest plugin (entry_points.txt with [pytest11])."""
     found = []
     folders_on_host = sandbox.writable_host_folders()
     if not folders_on_host:
@@ -270,7 +271,9 @@ def shadowing_files(sandbox: Sandbox, placed: dict[str, str], limit: int = 50) -
                 except OSError:
                     continue
                 is_dir = stat.S_ISDIR(info.st_mode)
-                if not shadows_test_machinery(name, is_dir, stat.S_ISREG(info.st_mode) and bool(info.st_mode & 0o111)):
+                plugin = name == "entry_points.txt" and stat.S_ISREG(info.st_mode) and _declares_pytest_plugin(path)
+                if not plugin and not shadows_test_machinery(name, is_dir, stat.S_ISREG(info.st_mode)
+                                                             and bool(info.st_mode & 0o111)):
                     continue
                 shown = os.path.normpath(os.path.join(inside, os.path.relpath(path, host)))
                 if name == "conftest.py" and placed.get(shown) == _sha256(path):
@@ -289,11 +292,22 @@ def _shadowing_inside(sandbox: Sandbox, placed: dict[str, str], limit: int) -> l
     roots = " ".join(shlex.quote(r) for r in sandbox.agent_writable())
     result = sandbox.run(f"find {roots} -xdev \\( -type f \\( {names} \\) -o -type d \\( {packages} \\) -o -type f "
                          f"-perm -u+x \\( {programs} \\) \\) -print 2>/dev/null | head -n {limit}; "
+                         f"find {roots} -xdev -type f -name entry_points.txt -exec grep -l '\\[pytest11\\]' {{}} + "
+                         f"2>/dev/null | head -n {limit}; "
                          f"for f in $(find {roots} -xdev -type f -name conftest.py 2>/dev/null | head -n {limit}); "
                          "do sha256sum \"$f\"; done", timeout_s=60)
     hashes = dict(reversed(line.split(None, 1)) for line in result.output.splitlines() if "  /" in line)
     return sorted({line for line in result.output.splitlines() if line.startswith("/") and
                    not (line.endswith("/conftest.py") and placed.get(line) == hashes.get(line))})
+
+
+def _declares_pytest_plugin(path: str) -> bool:
+    """An installed distribution's entry_points.txt that registers a pytest plugin (autoloaded)."""
+    try:
+        with open(path, "rb") as data:
+            return b"[pytest11]" in data.read(READ_LIMIT)
+    except OSError:
+        return False
 
 
 def _sha256(path: str) -> str | None:

@@ -164,6 +164,7 @@ class PodmanSandbox(Sandbox):
             self.root_dir.chmod(0o755)   # the container's / : its user must pass through it
             for folder in ("usr", "etc", "tmp", "proc", "dev", "sys", "run"):
                 (self.root_dir / folder).mkdir()
+            (self.root_dir / "tmp").chmod(0o1777)   # runc gives the tmpfs there the mode of the folder under it
             for link in ("bin", "lib", "lib64", "sbin"):
                 if os.path.islink("/" + link):
                     (self.root_dir / link).symlink_to(os.readlink("/" + link))

@@ -62,6 +62,11 @@ def test_dockerfile_lines_a_sandbox_honours(tmp_path):
                             (tmp_path / "b.txt", "/srv/app/renamed.txt")]
     assert setup.run == ["apt-get update &&  apt-get install -y jq"]
     assert [line.split()[0] for line in setup.ignored] == ["COPY", "CMD"]
+    # `$PATH` in an ENV line is the image's PATH (the standard one every sandbox starts with), not a literal
+    (tmp_path / "Dockerfile").write_text("FROM x\nENV PATH=/opt/tool/bin:$PATH\nENV OTHER=${PATH}:/x\n")
+    env = parse_dockerfile(tmp_path / "Dockerfile", tmp_path).env
+    assert env["PATH"] == "/opt/tool/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    assert env["OTHER"] == env["PATH"] + ":/x"
     (tmp_path / "Dockerfile").write_text("FROM x\nCOPY missing.txt /a\n")
     with pytest.raises(TaskFormatError, match="Dockerfile: COPY source 'missing.txt' does not exist"):
         parse_dockerfile(tmp_path / "Dockerfile", tmp_path)

@@ -1,0 +1,3 @@
+#!/bin/bash
+cd /app
+python3 -m pytest $TEST_DIR/test_outputs.py -rA
