@@ -19,6 +19,7 @@ import time
 from dockyard.config import constraints
 from dockyard.config.errors import ConfigError
 from dockyard.loop import stopping
+from dockyard.loop.stopping import RunStopped
 from dockyard.loop.grpo import GRPOTrainer, StepAbandoned, serving_precision
 from dockyard.loop.support import unsupported
 from dockyard.loop.rollout_driver import RolloutDriver
@@ -138,6 +139,13 @@ class AsyncGRPOTrainer(GRPOTrainer):
         self.published = start
         try:
             super()._run_steps(start, logger, gpus)
-        finally:
+        except RunStopped:
+            if self.driver is not None:
+                self.driver.close(wait=False)   # saved: the requeue goes first, the process ends soon
+            raise
+        except BaseException:
             if self.driver is not None:
                 self.driver.close()
+            raise
+        if self.driver is not None:
+            self.driver.close()

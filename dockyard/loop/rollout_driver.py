@@ -181,7 +181,20 @@ class RolloutDriver:
             self.cond.notify_all()
         self._abort_inflight(timeout_s=30)
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
+        """Stop sampling. wait=False (a stop whose state is saved): the requests in flight are told to
+        end, and nothing waits for them: the launcher's requeue must not wait behind the fleet (on a
+        loaded machine that wait outlasted Slurm's KillWait, and the job was killed before it requeued)."""
+        if not wait:
+            with self.cond:
+                self.closing = True
+                self.cond.notify_all()
+            try:
+                self.fleet.abort()
+            except GenerationServerError:
+                pass
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            return
         self.abort()
         self.thread.join(timeout=30)
         self.pool.shutdown(wait=False, cancel_futures=True)
