@@ -18,10 +18,13 @@ else
 fi
 
 # The sandboxes' system packages: bubblewrap; podman with runc and catatonit (its containers' init);
-# and what the shipped terminal tasks run inside them (their tests use the system python3's pytest,
-# as Terminal-Bench's images do; git and tar for some tasks and the SWE tasks' repositories; openpyxl
-# and python-docx for the GDPval agent's spreadsheets and documents). cmake and g++ build llama.cpp's tools.
-sandbox_packages=(bubblewrap podman runc catatonit python3-pytest python3-openpyxl python3-docx git tar cmake g++)
+# slirp4netns, nftables and iproute2 for a task that may use the network (its own namespace, this
+# machine's addresses closed: dockyard/sandboxes/network.py); and what the shipped terminal tasks run
+# inside them (their tests use the system python3's pytest, as Terminal-Bench's images do; git and tar
+# for some tasks and the SWE tasks' repositories; openpyxl and python-docx for the GDPval agent's
+# spreadsheets and documents). cmake and g++ build llama.cpp's tools.
+sandbox_packages=(bubblewrap podman runc catatonit slirp4netns nftables iproute2 python3-pytest python3-openpyxl
+                  python3-docx git tar cmake g++)
 missing=()
 for p in "${sandbox_packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
