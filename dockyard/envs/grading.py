@@ -27,16 +27,18 @@ import hashlib
 import json
 import math
 import os
+import secrets
 import shlex
 import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from dockyard.sandboxes.base import BASE_ENV, Sandbox, SandboxError
 
 PLUGIN = Path(__file__).with_name("pytest_record.py")
-PLUGIN_MODULE = "dockyard_pytest_record"
+PLUGIN_PREFIX = "dockyard_record_"   # + a random name per verification: an ini's `-p no:<name>` cannot aim at it
 VERIFIER = "/verifier"
 LIB, HOME, RECORDS = f"{VERIFIER}/lib", "/verifier-home", "/verifier-records"   # one top-level folder each: read-only, or the verifier's
 REWARD_FOLDER = "/logs/verifier"
@@ -52,7 +54,7 @@ START_HOOKS = ("LD_PRELOAD", "LD_AUDIT", "BASH_ENV", "ENV", "PYTHONSTARTUP", "PY
 
 # names that would stand in for test machinery if found on a search path or beside a test
 SHADOW_FILES = {"pytest.py", "py.py", "_pytest.py", "pluggy.py", "conftest.py", "sitecustomize.py",
-                "usercustomize.py", "pytest.ini", "tox.ini"}
+                "usercustomize.py", "pytest.ini", "tox.ini", "dockyard_pytest_record.py"}
 SHADOW_PACKAGES = {"pytest", "_pytest", "pluggy", "py"}
 SHADOW_PROGRAMS = {"python", "python3", "pytest", "py.test", "bash", "sh", "dash", "env", "uv", "uvx", "pip", "pip3",
                    "node", "perl", "timeout", "tee", "cat", "test", "git"}
@@ -72,9 +74,15 @@ def _within(path: str, folders: list[str]) -> bool:
     return any(path == f or path.startswith(f.rstrip("/") + "/") for f in folders)
 
 
+def new_plugin_name() -> str:
+    """The record plugin's module name for one verification."""
+    return PLUGIN_PREFIX + secrets.token_hex(8)
+
+
 def verifier_env(sandbox: Sandbox, task_env: dict[str, str], test_dirs: list[str], safe_path: bool,
-                 plugin_autoload: bool) -> tuple[dict[str, str], list[str]]:
-    """The tests' environment, and a note for each setting of the task's that was dropped."""
+                 plugin_autoload: bool, plugin: str | None) -> tuple[dict[str, str], list[str]]:
+    """The tests' environment (with the record plugin `plugin` loaded into pytest), and a note for
+    each setting of the task's that was dropped."""
     writable = sandbox.agent_writable()
     notes = []
     env = dict(BASE_ENV)
@@ -94,11 +102,12 @@ def verifier_env(sandbox: Sandbox, task_env: dict[str, str], test_dirs: list[str
             env[key] = value
     python_path = [LIB, *test_dirs, *([p for p in env.get("PYTHONPATH", "").split(":") if p])]
     env.update({"HOME": HOME, "PYTHONPATH": ":".join(python_path), "PYTHONNOUSERSITE": "1",
-                "PYTHONDONTWRITEBYTECODE": "1", "PYTEST_PLUGINS": PLUGIN_MODULE, "DOCKYARD_RECORDS": RECORDS,
-                "PYTEST_ADDOPTS": "-p no:cacheprovider",
+                "PYTHONDONTWRITEBYTECODE": "1", "DOCKYARD_RECORDS": RECORDS, "PYTEST_ADDOPTS": "-p no:cacheprovider",
                 "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_COUNT": "2",
                 "GIT_CONFIG_KEY_0": "core.hooksPath", "GIT_CONFIG_VALUE_0": "/dev/null",
                 "GIT_CONFIG_KEY_1": "core.fsmonitor", "GIT_CONFIG_VALUE_1": "false"})
+    if plugin:
+        env["PYTEST_PLUGINS"] = plugin
     if safe_path:
         env["PYTHONSAFEPATH"] = "1"
     if not plugin_autoload:
@@ -106,12 +115,13 @@ def verifier_env(sandbox: Sandbox, task_env: dict[str, str], test_dirs: list[str
     return env, notes
 
 
-def verifier_files(scratch: Path) -> list[tuple[Path, str, bool]]:
-    """place() entries: the record plugin (read-only), the verifier's HOME and records folder and a
-    fresh Harbor reward folder (the verifier's own, each replacing whatever was there)."""
+def verifier_files(scratch: Path, plugin: str) -> list[tuple[Path, str, bool]]:
+    """place() entries: the record plugin as module `plugin` (read-only), the verifier's HOME and
+    records folder and a fresh Harbor reward folder (the verifier's own, each replacing whatever was
+    there)."""
     lib = scratch / "lib"
     lib.mkdir(parents=True)
-    (lib / f"{PLUGIN_MODULE}.py").write_bytes(PLUGIN.read_bytes())
+    (lib / f"{plugin}.py").write_bytes(PLUGIN.read_bytes())
     empty = scratch / "empty"
     empty.mkdir()
     return [(lib, LIB, True), (empty, HOME, False), (empty, RECORDS, False), (empty, REWARD_FOLDER, False)]
@@ -123,7 +133,8 @@ def verifier_files(scratch: Path) -> list[tuple[Path, str, bool]]:
 class PytestRecord:
     exitstatus: int
     tests: dict[str, str]
-    plugins: list[str]
+    plugins: list[str]                  # every plugin and conftest.py file pytest loaded
+    inifile: str | None = None          # the configuration file it read (addopts, plugins, collection)
 
 
 def read_records(sandbox: Sandbox) -> tuple[list[PytestRecord], list[str]]:
@@ -140,7 +151,8 @@ def read_records(sandbox: Sandbox) -> tuple[list[PytestRecord], list[str]]:
                     raise ValueError(f"larger than {READ_LIMIT} bytes")
                 data = json.loads(path.read_text())
                 records.append(PytestRecord(int(data["exitstatus"]), {str(k): str(v) for k, v in data["tests"].items()},
-                                            [str(p) for p in data["plugins"]]))
+                                            [str(p) for p in data["plugins"]],
+                                            str(data["inifile"]) if data.get("inifile") else None))
             except (ValueError, KeyError, TypeError, AttributeError) as err:
                 problems.append(f"pytest record {path.name} is not readable: {err}")
     return records, problems
@@ -149,19 +161,23 @@ def read_records(sandbox: Sandbox) -> tuple[list[PytestRecord], list[str]]:
 PASSING = {"passed", "xfailed", "xpassed", "skipped"}
 
 
-def foreign_plugins(records: list[PytestRecord], writable: list[str], allowed: list[str]) -> list[str]:
-    """Plugin or conftest files pytest loaded from where the agent could write, or conftest.py files
-    outside the folders the task's own tests are in (`allowed`)."""
+def foreign_plugins(records: list[PytestRecord], writable: list[str], allowed: list[str],
+                    unchanged: Callable[[str], bool] = lambda path: False) -> list[str]:
+    """Plugin, conftest.py or configuration files pytest used from where the agent could write, or
+    conftest.py files outside the folders the task's own tests are in (`allowed`); a file the task
+    itself placed there and the agent left as it was (`unchanged`) is the task's own."""
     found = set()
     for record in records:
-        for path in record.plugins:
-            if _within(path, writable) or (os.path.basename(path) == "conftest.py" and not _within(path, allowed)):
+        for path in record.plugins + ([record.inifile] if record.inifile else []):
+            if (_within(path, writable) or (os.path.basename(path) == "conftest.py" and not _within(path, allowed))) \
+                    and not unchanged(path):
                 found.add(path)
     return sorted(found)
 
 
 def pytest_grade(records: list[PytestRecord], problems: list[str], output_has_results: bool,
-                 writable: list[str], allowed_conftests: list[str]) -> tuple[bool, str, str | None]:
+                 writable: list[str], allowed_conftests: list[str],
+                 unchanged: Callable[[str], bool] = lambda path: False) -> tuple[bool, str, str | None]:
     """(resolved, why, verifier error): resolved when pytest's own record lists tests, none failed,
     and its exit status agrees."""
     if problems:
@@ -171,9 +187,10 @@ def pytest_grade(records: list[PytestRecord], problems: list[str], output_has_re
         if output_has_results:   # a summary on stdout without a session behind it
             return False, why, why + ", yet the output shows pytest results: they are not trusted"
         return False, why, None
-    foreign = foreign_plugins(records, writable, allowed_conftests)
+    foreign = foreign_plugins(records, writable, allowed_conftests, unchanged)
     if foreign:
-        error = f"pytest loaded a plugin or conftest.py the agent could have written: {', '.join(foreign[:5])}"
+        error = f"pytest used a plugin, conftest.py or configuration file the agent could have written: " \
+                f"{', '.join(foreign[:5])}"
         return False, error, error
     tests: dict[str, str] = {}
     for record in records:
@@ -282,6 +299,22 @@ def shadowing_files(sandbox: Sandbox, placed: dict[str, str], limit: int = 50) -
                 if len(found) >= limit:
                     return found
     return sorted(found)
+
+
+def unchanged_check(sandbox: Sandbox, placed: dict[str, str]) -> Callable[[str], bool]:
+    """Whether an inside path holds exactly what the task placed there (read from the sandbox's host
+    folders; a kind without them cannot tell, so nothing counts as unchanged)."""
+    folders = sandbox.writable_host_folders()
+
+    def unchanged(inside: str) -> bool:
+        inside = os.path.normpath(inside)
+        if inside not in placed:
+            return False
+        for mount, host in folders.items():
+            if _within(inside, [mount]):
+                return _sha256(os.path.join(host, os.path.relpath(inside, mount))) == placed[inside]
+        return False
+    return unchanged
 
 
 def _shadowing_inside(sandbox: Sandbox, placed: dict[str, str], limit: int) -> list[str]:

@@ -4,8 +4,9 @@ every plugin and conftest.py that was loaded) to a folder only the verifier writ
 (DOCKYARD_RECORDS). The grade comes from this record, never from the -rA summary a test or a
 shadowed pytest could print.
 
-It is copied into the sandbox as a file of its own and runs under whatever Python and pytest the
-task's image has: standard library only, nothing newer than Python 3.8 and pytest 6 offer.
+It is copied into the sandbox under a random module name for each verification (so a configuration
+file's `-p no:<name>` cannot aim at it) and runs under whatever Python and pytest the task's image
+has: standard library only, nothing newer than Python 3.8 and pytest 6 offer.
 """
 
 import json
@@ -57,8 +58,10 @@ def pytest_sessionfinish(session, exitstatus):
         if path:
             files.add(os.path.abspath(path))
             files.add(os.path.realpath(path))
+    inifile = getattr(session.config, "inipath", None) or getattr(session.config, "inifile", None)
     record = {"exitstatus": int(exitstatus), "collected": _collected[0], "tests": _outcomes,
-              "plugins": sorted(files), "python": sys.executable, "argv": list(sys.argv)}
+              "plugins": sorted(files), "inifile": os.path.abspath(str(inifile)) if inifile else None,
+              "python": sys.executable, "argv": list(sys.argv)}
     target = os.path.join(folder, "session-%d-%d.json" % (os.getpid(), time.time_ns()))
     with open(target + ".tmp", "w") as out:
         json.dump(record, out)

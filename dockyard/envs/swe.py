@@ -47,8 +47,8 @@ from pathlib import Path, PurePosixPath
 from dockyard.agents.tool_format import TERMINAL_TOOLS
 from dockyard.config.schema.env import EnvConfig, SandboxConfig
 from dockyard.data.datasets import Prompt, split_row_slice
-from dockyard.envs.grading import (SHADOW_PACKAGES, read_records, shadows_test_machinery, verifier_env,
-                                   verifier_files)
+from dockyard.envs.grading import (SHADOW_PACKAGES, new_plugin_name, read_records, shadows_test_machinery,
+                                   verifier_env, verifier_files)
 from dockyard.envs.swe_server import RemoteScorers, ScoringServerError, read_secret
 from dockyard.envs.swe_tasks import RepoStore, SweTask, SweTaskError, patch_files, read_task_file, task_from_row
 from dockyard.envs.terminal_bench import ShellEpisode
@@ -187,8 +187,9 @@ class SweScorer:
             if not tests_in.ok:
                 raise SweTaskError(f"{task.where}: its test_patch does not apply at base_commit "
                                    f"({_status(tests_in)}): {tests_in.output.strip()[-300:]}")
-            env, _ = verifier_env(sandbox, {}, [], safe_path=False, plugin_autoload=True)
-            sandbox.place(verifier_files(Path(scratch) / "verifier"))
+            plugin = new_plugin_name()
+            env, _ = verifier_env(sandbox, {}, [], safe_path=False, plugin_autoload=True, plugin=plugin)
+            sandbox.place(verifier_files(Path(scratch) / "verifier", plugin))
             run = sandbox.run(task.test_command, timeout_s=limit, env=env, replace_env=True)
             sandbox.end_processes()
             log.append(run.output)
@@ -197,6 +198,8 @@ class SweScorer:
         for record in records:
             statuses.update(record.tests)
         touched = {f"{TESTBED}/{path}" for path in patch_files(patch)}
+        # plugins only: a patch may edit pyproject.toml or setup.cfg for its own reasons while pytest reads
+        # them; the integrity check refuses pytest.ini and conftest.py edits
         foreign = sorted({p for record in records for p in record.plugins if os.path.normpath(p) in touched})
         if foreign or problems or not records:
             why = (f"pytest loaded a plugin from a file the patch touched ({', '.join(foreign)})" if foreign
@@ -373,7 +376,7 @@ class SweEpisode(ShellEpisode):
         """The agent's changes as a diff against base_commit (new files included; caches left out), taken
         by the verifier once the agent's processes are gone (git hooks and fsmonitor off)."""
         self.sandbox.hand_over()
-        env, _ = verifier_env(self.sandbox, {}, [], safe_path=True, plugin_autoload=False)
+        env, _ = verifier_env(self.sandbox, {}, [], safe_path=True, plugin_autoload=False, plugin=None)
         saved = f"{TESTBED}/.git/dockyard-agent.patch"
         result = self.sandbox.run("rm -rf .pytest_cache; find . -name __pycache__ -type d -prune -exec rm -rf {} +; "
                                   f"git add -A && git diff --cached --no-color {self.task.base_commit} > {saved}",

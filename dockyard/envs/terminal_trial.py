@@ -21,8 +21,8 @@ from typing import Callable
 
 import yaml
 
-from dockyard.envs.grading import (Grade, foreign_plugins, pytest_grade, read_records, reward_file, shadowing_files, task_placed,
-                                   verifier_env, verifier_files)
+from dockyard.envs.grading import (Grade, foreign_plugins, new_plugin_name, pytest_grade, read_records, reward_file,
+                                   shadowing_files, task_placed, unchanged_check, verifier_env, verifier_files)
 from dockyard.envs.terminal_tasks import TerminalTask
 from dockyard.sandboxes.base import Sandbox, SandboxError, SandboxSpec
 
@@ -96,10 +96,14 @@ def regrade_sandbox(task: TerminalTask, used: Sandbox, make_sandbox: Callable[[S
 def verify(task: TerminalTask, sandbox: Sandbox) -> Grade:
     """The task's tests on what the agent left in `sandbox` (handed over to the verifier here)."""
     sandbox.hand_over()
-    suspicious = shadowing_files(sandbox, task_placed(task.setup.copies))
-    env, notes = verifier_env(sandbox, dict(task.setup.env), ["/tests"], safe_path=True, plugin_autoload=False)
+    placed = task_placed(task.setup.copies)
+    suspicious = shadowing_files(sandbox, placed)
+    unchanged = unchanged_check(sandbox, placed)
+    plugin = new_plugin_name()
+    env, notes = verifier_env(sandbox, dict(task.setup.env), ["/tests"], safe_path=True, plugin_autoload=False,
+                              plugin=plugin)
     with tempfile.TemporaryDirectory() as scratch:
-        sandbox.place([(source, target, True) for source, target in task.tests] + verifier_files(Path(scratch)))
+        sandbox.place([(source, target, True) for source, target in task.tests] + verifier_files(Path(scratch), plugin))
     result = sandbox.run(task.test_command, timeout_s=task.test_timeout_s, env={**env, "TEST_DIR": "/tests"},
                          replace_env=True)
     sandbox.end_processes()   # whatever the tests started is gone before anything is read
@@ -109,13 +113,14 @@ def verify(task: TerminalTask, sandbox: Sandbox) -> Grade:
     records, problems = read_records(sandbox)
     if task.layout == "harbor":
         reward, why, error = reward_file(sandbox, *task.reward_range)
-        foreign = foreign_plugins(records, sandbox.agent_writable(), ["/tests"])
+        foreign = foreign_plugins(records, sandbox.agent_writable(), ["/tests"], unchanged)
         if foreign and not error:   # the reward came from tests an agent's plugin could have rewritten
-            why = error = f"pytest loaded a plugin or conftest.py the agent could have written: {', '.join(foreign[:5])}"
+            why = error = ("pytest used a plugin, conftest.py or configuration file the agent could have written: "
+                           f"{', '.join(foreign[:5])}")
             reward = 0.0
     else:
         resolved, why, error = pytest_grade(records, problems, bool(_PYTEST_RESULT.search(output)),
-                                            sandbox.agent_writable(), ["/tests"])
+                                            sandbox.agent_writable(), ["/tests"], unchanged)
         reward = 1.0 if resolved else 0.0
     verdict = f"\n[verifier error: {why}]" if error else f"\n[{why}]"
     return Grade(reward, output + verdict, error, suspicious, notes)

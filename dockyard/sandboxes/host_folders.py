@@ -56,6 +56,19 @@ def unmount(folder: Path) -> None:
     _libc.umount2(str(folder).encode(), MNT_DETACH)
 
 
+MS_REMOUNT = 32
+VERIFIER_ROOM_MB, VERIFIER_ROOM_INODES = 64, 4096
+
+
+def give_verifier_room(folder: Path, limits: SandboxLimits) -> None:
+    """The tmpfs grows by a little at the hand-over: an agent that filled its workspace (bytes or files)
+    must not leave the verifier without room for its records and the reward file."""
+    options = (f"size={limits.workspace_mb + VERIFIER_ROOM_MB}m,"
+               f"nr_inodes={limits.workspace_inodes + VERIFIER_ROOM_INODES}")
+    if _libc.mount(b"dockyard-sandbox", str(folder).encode(), b"tmpfs", MS_REMOUNT, options.encode()) != 0:
+        raise SandboxError(f"could not give the verifier room in {folder}: {os.strerror(ctypes.get_errno())}")
+
+
 class HostFolderSandbox(Sandbox):
     @classmethod
     def refuses(cls, config) -> str | None:
@@ -187,6 +200,8 @@ class HostFolderSandbox(Sandbox):
             end_processes(of_user(self.uid), f"{self.spec.name} ({self.kind} sandbox)")
 
     def _become_verifier(self) -> None:
+        if self.mounted:
+            give_verifier_room(self.host_root, self.limits)
         if self.lease is None:
             return   # a normal user has no second user id to give the verifier (docs/agents.md)
         self.verifier_lease = UidLease(*self.uids)

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from dockyard.sandboxes import host_paths
 from dockyard.sandboxes.base import Sandbox, SandboxError, SandboxLimits, SandboxSpec
-from dockyard.sandboxes.host_folders import mount_tmpfs, unmount
+from dockyard.sandboxes.host_folders import give_verifier_room, mount_tmpfs, unmount
 from dockyard.sandboxes.network import UserNetwork
 from dockyard.sandboxes.owners import owner_token
 from dockyard.sandboxes.processes import end_processes, of_user
@@ -222,6 +222,8 @@ class PodmanSandbox(Sandbox):
                 end_processes(of_user(lease.uid), f"{self.spec.name} (podman sandbox {self.name})")
 
     def _become_verifier(self) -> None:
+        if self.host_root is not None:
+            give_verifier_room(self.host_root, self.limits)
         if self.lease is None:
             return   # a normal user has no second user id to give the verifier (docs/agents.md)
         self.verifier_lease = UidLease(*self.uids)

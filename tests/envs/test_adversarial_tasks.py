@@ -2,7 +2,7 @@
 the task (tests/envs/adversarial_tasks/, one per class of attack), run through the oracle agent in
 bubblewrap and in podman. Every attack must score 0 and every honest twin 1; on this project's
 grader before these guards, every attack but the late writer scored 1 (or nan, or 3e8), in both
-sandboxes. The classes the task set cannot show (processes outliving the agent in its shell, output
+sandboxes (tests/envs/adversarial_tasks/README.md lists them). The classes the task set cannot show (processes outliving the agent in its shell, output
 floods, the network, crashed trainers, links and forged end markers) have tests of their own in
 tests/sandboxes/test_guards.py."""
 
@@ -28,8 +28,8 @@ KINDS = [pytest.param("bubblewrap", marks=pytest.mark.skipif(bwrap_path() is Non
 LEFT_BEHIND = {"shadow-pytest-module": "/app/pytest.py", "shadow-pytest-package": "/app/pytest",
                "usercustomize": "/usercustomize.py", "pth-file": "/zz-grade.pth", "conftest-rewrites-reports": "/app/conftest.py",
                "sitecustomize-on-pythonpath": "/app/lib/sitecustomize.py", "interpreter-on-path": "/app/bin/python3",
-               "entry-point-plugin": "passall-1.0.dist-info/entry_points.txt"}
-VERIFIER_ERRORS = {"conftest-rewrites-reports": "conftest.py the agent could have written",
+               "entry-point-plugin": "passall-1.0.dist-info/entry_points.txt", "ini-file-in-workspace": "/app/pytest.ini"}
+VERIFIER_ERRORS = {"conftest-rewrites-reports": "configuration file the agent could have written: /app/conftest.py",
                    "reward-out-of-range": "holds 333333333.3333333, outside the task's reward range [0, 1]",
                    "reward-nan": "holds nan, outside"}
 
@@ -63,7 +63,7 @@ def test_every_attack_scores_zero_and_every_honest_twin_one(kind, tmp_path):
         return output
 
     tasks = load_tasks(ATTACKS)
-    assert len(tasks) == 11
+    assert len(tasks) == 12
     for task in tasks:
         attacked = run_trial(task, factory.create, oracle_then_look)
         assert attacked.error is None and attacked.reward == 0.0, (task.name, attacked.test_output[-800:])

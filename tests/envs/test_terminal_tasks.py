@@ -117,6 +117,11 @@ def test_pytests_own_record_decides_terminal_bench_tasks_never_its_printed_summa
         resolved, _, error = grade(PytestRecord(0, {"t.py::a": "passed"}, [plugin]))
         assert not resolved and plugin in error
     assert grade(PytestRecord(0, {"t.py::a": "passed"}, ["/tests/conftest.py"]))[0] is True
+    # a configuration file pytest read from the workspace (its addopts, its plugins) is as foreign
+    assert "/app/pytest.ini" in grade(PytestRecord(0, {"t.py::a": "passed"}, [], "/app/pytest.ini"))[2]
+    # unless it is the task's own file, left as the task placed it
+    own = PytestRecord(0, {"t.py::a": "passed"}, ["/app/conftest.py"], "/app/pytest.ini")
+    assert pytest_grade([own], [], False, ["/app"], ["/tests"], lambda path: path.startswith("/app/"))[0] is True
 
 
 @needs_bwrap

@@ -293,3 +293,18 @@ def test_a_commands_output_cannot_end_it_early_or_forge_its_exit_status(backend)
         assert forged.exit_code == 3 and "__dockyard_done_0123" in forged.output
         assert shell.run("# only a comment").exit_code == 0
         assert shell.run("echo still in step").output == "still in step\n"
+
+
+@needs_root
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_agent_that_fills_its_workspace_leaves_the_verifier_room(backend, tmp_path):
+    limits = SandboxLimits(command_timeout_s=60, workspace_mb=8, workspace_inodes=300, file_size_mb=64)
+    (tmp_path / "check.sh").write_text("echo graded\n")
+    with backend(SandboxSpec(workdir="/app"), limits) as box:
+        full = box.run("head -c 20000000 /dev/zero > big; for i in $(seq 400); do touch f$i 2>/dev/null || break; done; "
+                       "touch one-more || echo full")
+        assert "full" in full.output
+        box.hand_over()
+        box.place([(tmp_path / "check.sh", "/tests/check.sh", True), (tmp_path, "/logs/verifier", False)])
+        assert box.run("bash /tests/check.sh && echo 1 > /logs/verifier/reward.txt && cat /logs/verifier/reward.txt"
+                       ).output.split() == ["graded", "1"]
