@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from dockyard.sandboxes import host_paths
 from dockyard.sandboxes.base import BASE_ENV, Sandbox, SandboxError
 
 PLUGIN = Path(__file__).with_name("pytest_record.py")
@@ -153,8 +154,8 @@ def read_records(sandbox: Sandbox) -> tuple[list[PytestRecord], list[str]]:
                 records.append(PytestRecord(int(data["exitstatus"]), {str(k): str(v) for k, v in data["tests"].items()},
                                             [str(p) for p in data["plugins"]],
                                             str(data["inifile"]) if data.get("inifile") else None))
-            except (ValueError, KeyError, TypeError, AttributeError) as err:
-                problems.append(f"pytest record {path.name} is not readable: {err}")
+            except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:
+                problems.append(f"pytest record {path.name} is not readable: {type(err).__name__}: {err}")
     return records, problems
 
 
@@ -236,8 +237,8 @@ def reward_file(sandbox: Sandbox, low: float = 0.0, high: float = 1.0) -> tuple[
                 if isinstance(value, bool) or not isinstance(value, (int, float)):
                     raise ValueError("not a number")
                 value = float(value)
-            except (ValueError, KeyError, TypeError) as err:
-                error = f"{REWARD_FOLDER}/{name} does not hold one number ({err}): {text[:80]!r}"
+            except (ValueError, KeyError, TypeError, RecursionError) as err:
+                error = f"{REWARD_FOLDER}/{name} does not hold one number ({type(err).__name__}): {text[:80]!r}"
                 return 0.0, error, error
             if not math.isfinite(value) or not low <= value <= high:
                 error = f"{REWARD_FOLDER}/{name} holds {value!r}, outside the task's reward range [{low:g}, {high:g}]"
@@ -280,24 +281,18 @@ def shadowing_files(sandbox: Sandbox, placed: dict[str, str], limit: int = 50) -
     if not folders_on_host:
         return _shadowing_inside(sandbox, placed, limit)
     for inside, host in folders_on_host.items():
-        for folder, folders, files in os.walk(host, followlinks=False):
-            for name in folders + files:
-                path = os.path.join(folder, name)
-                try:
-                    info = os.lstat(path)
-                except OSError:
-                    continue
-                is_dir = stat.S_ISDIR(info.st_mode)
-                plugin = name == "entry_points.txt" and stat.S_ISREG(info.st_mode) and _declares_pytest_plugin(path)
-                if not plugin and not shadows_test_machinery(name, is_dir, stat.S_ISREG(info.st_mode)
-                                                             and bool(info.st_mode & 0o111)):
-                    continue
-                shown = os.path.normpath(os.path.join(inside, os.path.relpath(path, host)))
-                if name == "conftest.py" and placed.get(shown) == _sha256(path):
-                    continue
-                found.append(shown)
-                if len(found) >= limit:
-                    return found
+        for folder, name, info in host_paths.walk(host):
+            path = os.path.join(folder, name)
+            is_dir, regular = stat.S_ISDIR(info.st_mode), stat.S_ISREG(info.st_mode)
+            plugin = name == "entry_points.txt" and regular and _declares_pytest_plugin(path)
+            if not plugin and not shadows_test_machinery(name, is_dir, regular and bool(info.st_mode & 0o111)):
+                continue
+            shown = os.path.normpath(os.path.join(inside, os.path.relpath(path, host)))
+            if name == "conftest.py" and placed.get(shown) == _sha256(path):
+                continue
+            found.append(shown)
+            if len(found) >= limit:
+                return sorted(found)
     return sorted(found)
 
 

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -27,6 +28,7 @@ from dockyard.generation.generator import ServerClient
 from dockyard.generation.generator import GenerationServerError
 from dockyard.launch.allocation import Allocation
 from dockyard.launch.plan import JobPlan, ServerGroup
+from dockyard.launch.startup_guard import signals_blocked
 from dockyard.processes import core_share, log_tail, stop_processes
 
 # srun reads these from its environment as if they were options; inside the trainer's step they
@@ -143,8 +145,11 @@ def start_servers(cfg: MasterConfig, plan: JobPlan, alloc: Allocation, folder: P
         # is still importing) must not kill a server: ignored from before exec, which it inherits
         command = srun_command(cfg, group, node, alloc.het_size > 1, gpus, log, step_cpus(alloc, group)) + [
             "bash", "-c", 'trap "" USR2; exec "$@"', "dockyard-server", *serve]
-        process = subprocess.Popen(command, env=step_environment(alloc.env, extra), stdin=subprocess.DEVNULL,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        # the srun client itself runs in the trainer's step, which the warning signal reaches too: its
+        # default action ended srun while the server started (exit -12); it inherits USR2 blocked
+        with signals_blocked({signal.SIGUSR2}):
+            process = subprocess.Popen(command, env=step_environment(alloc.env, extra), stdin=subprocess.DEVNULL,
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         steps.append(ServerStep(label or f"{role} server {index}", role, node, process, log, address_file,
                                 teacher=teacher))
     return steps

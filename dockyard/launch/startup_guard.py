@@ -49,11 +49,14 @@ def guarded_python() -> str:
 
 
 @contextmanager
-def stop_signals_blocked() -> Iterator[None]:
+def signals_blocked(signals: set[int] = frozenset(STOP_SIGNALS)) -> Iterator[None]:
     """Children started inside inherit the blocked mask (for `dockyard run`, which starts them
     itself); this thread's own mask is restored on the way out, delivering what arrived meanwhile."""
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, set(signals))
     try:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+stop_signals_blocked = signals_blocked

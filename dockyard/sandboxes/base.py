@@ -415,6 +415,11 @@ class ShellSession:
         seconds = time.monotonic() - started
         if status is None:
             timed_out = self.process.poll() is None and time.monotonic() >= deadline
+            if not timed_out:   # the shell ended: its output closed a moment before its process is reaped
+                try:
+                    self.process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
             exit_code = self.process.poll()
             self.close()
             tail = (f"\n[command timed out after {timeout:.0f} s; the shell was killed]" if timed_out

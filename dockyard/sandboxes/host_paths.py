@@ -13,6 +13,7 @@ import errno
 import os
 import shutil
 import stat
+import subprocess
 from pathlib import Path
 
 from dockyard.sandboxes.base import SandboxError
@@ -138,7 +139,12 @@ def copy_in(source: Path, root: Path, relative: str, owner: tuple[int, int] | No
         os.close(folder)
 
 
-def _copy_from(folder: int, name: str, target: Path, links: bool) -> None:
+MAX_DEPTH = 200   # folders nested deeper than this (an agent's trick against recursive copies) are refused
+
+
+def _copy_from(folder: int, name: str, target: Path, links: bool, depth: int = 0) -> None:
+    if depth > MAX_DEPTH:
+        raise SandboxError(f"folders nested more than {MAX_DEPTH} deep are not copied out")
     info = os.stat(name, dir_fd=folder, follow_symlinks=False)
     if stat.S_ISLNK(info.st_mode) and links:
         os.symlink(os.readlink(name, dir_fd=folder), target)   # made, never followed here
@@ -151,7 +157,7 @@ def _copy_from(folder: int, name: str, target: Path, links: bool) -> None:
             target.mkdir(parents=True, exist_ok=True)
             target.chmod(stat.S_IMODE(info.st_mode) | 0o700)
             for entry in os.listdir(child):
-                _copy_from(child, entry, target / entry, links)
+                _copy_from(child, entry, target / entry, links, depth + 1)
         finally:
             os.close(child)
         return
@@ -192,8 +198,29 @@ def copy_out(root: Path, relative: str, target: Path, shown: str, links: bool = 
 
 
 def chown_tree(root: Path, owner: tuple[int, int]) -> None:
-    """Everything under `root` (itself included) owned by `owner`; links are changed, not followed."""
-    os.lchown(root, *owner)
-    for folder, folders, files in os.walk(root, followlinks=False):
-        for name in folders + files:
-            os.lchown(os.path.join(folder, name), *owner)
+    """Everything under `root` (itself included) owned by `owner`; links are changed, not followed.
+    chown(1) walks any depth (a Python walk of an agent's 10000-deep folders would not)."""
+    result = subprocess.run(["chown", "-R", "-h", "-P", f"{owner[0]}:{owner[1]}", str(root)], capture_output=True,
+                            text=True, timeout=600)
+    if result.returncode != 0:
+        raise SandboxError(f"could not hand {root} over to user {owner[0]}: {result.stderr.strip()[-300:]}")
+
+
+def walk(root: Path, max_depth: int = 32):
+    """(folder, entry name, lstat) of everything under `root` down to max_depth, without recursion and
+    without following links; entries that cannot be read are passed over."""
+    stack = [(str(root), 0)]
+    while stack:
+        folder, depth = stack.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            yield folder, entry.name, info
+            if stat.S_ISDIR(info.st_mode) and depth < max_depth:
+                stack.append((entry.path, depth + 1))

@@ -147,7 +147,10 @@ def test_partial_rollouts_keep_their_tokens_versions_and_logprobs_across_a_refit
             mine = token_logprobs(model_of(version), ids, response)[span]
             other = token_logprobs(model_of(version + 1), ids, response)[span]
             torch.testing.assert_close(rollout[span], mine, atol=2e-3, rtol=0)
-            assert (rollout[span] - other).abs().max() > 1e-2
+            # and not the next version's: those weights explain the tokens worse (a span can be a single
+            # token whose logprob the two versions give within 4e-3 of each other; which tokens fall under
+            # which version depends on when the refits landed)
+            assert (rollout[span] - other).abs().max() > max(5 * (rollout[span] - mine).abs().max(), 1e-4)
 
 
 def test_replay_set_holds_every_drawn_untrained_prompt_exactly_once(engine_server, tiny_model, tmp_path):

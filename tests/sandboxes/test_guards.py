@@ -308,3 +308,17 @@ def test_an_agent_that_fills_its_workspace_leaves_the_verifier_room(backend, tmp
         box.place([(tmp_path / "check.sh", "/tests/check.sh", True), (tmp_path, "/logs/verifier", False)])
         assert box.run("bash /tests/check.sh && echo 1 > /logs/verifier/reward.txt && cat /logs/verifier/reward.txt"
                        ).output.split() == ["graded", "1"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_folders_nested_thousands_deep_do_not_break_the_hand_over_or_the_scan(backend, tmp_path):
+    from dockyard.envs.grading import shadowing_files
+
+    with backend(SandboxSpec(workdir="/app"), SandboxLimits(command_timeout_s=120)) as box:
+        made = box.run("python3 -c \"import os\nfor i in range(3000):\n    os.mkdir('d'); os.chdir('d')\nopen('pytest.py', 'w')\"; "
+                       "touch pytest.py")
+        assert made.ok, made.output
+        box.hand_over()                                    # every file changes hands, however deep
+        assert shadowing_files(box, {}) == ["/app/pytest.py"]   # the scan stops at its depth, without an error
+        with pytest.raises(SandboxError, match="nested more than"):
+            box.copy_out("/app/d", tmp_path / "deep")
