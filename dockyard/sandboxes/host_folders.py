@@ -34,7 +34,7 @@ from dockyard.sandboxes.base import Sandbox, SandboxError, SandboxLimits, Sandbo
 from dockyard.sandboxes.cgroups import SandboxCgroup
 from dockyard.sandboxes.network import UserNetwork
 from dockyard.sandboxes.owners import owner_token
-from dockyard.sandboxes.processes import end_processes, in_pid_namespaces, of_user
+from dockyard.sandboxes.processes import any_of, end_processes, in_pid_namespaces, of_user
 from dockyard.sandboxes.users import UidLease, uid_range
 
 FOLDER_PREFIX = "dockyard-sandbox-"
@@ -180,13 +180,11 @@ class HostFolderSandbox(Sandbox):
     def end_processes(self) -> None:
         """As root: every process of the sandbox's users; either way: every process in the pid
         namespaces its commands ran in."""
-        name = f"{self.spec.name} ({self.kind} sandbox)"
-        for lease in (self.lease, self.verifier_lease):
-            if lease is not None:
-                end_processes(of_user(lease.uid), name)
+        selectors = [of_user(*[lease.uid for lease in (self.lease, self.verifier_lease) if lease is not None])]
         if self._namespaces:
-            end_processes(in_pid_namespaces(set(self._namespaces.values())), name)
-            self._namespaces.clear()
+            selectors.append(in_pid_namespaces(set(self._namespaces.values())))
+        end_processes(any_of(*selectors), f"{self.spec.name} ({self.kind} sandbox)")
+        self._namespaces.clear()
 
     def _finished(self, process: subprocess.Popen, killed: bool, shell: bool) -> None:
         """A killed command's namespace dies with it, but not at once: its processes are waited for. A

@@ -217,9 +217,9 @@ class PodmanSandbox(Sandbox):
         if not self.as_root:
             _podman("restart", "-t", "0", self.name, check=False)
             return
-        for lease in (self.lease, self.verifier_lease):
-            if lease is not None:
-                end_processes(of_user(lease.uid), f"{self.spec.name} (podman sandbox {self.name})")
+        uids = [lease.uid for lease in (self.lease, self.verifier_lease) if lease is not None]
+        if uids:
+            end_processes(of_user(*uids), f"{self.spec.name} (podman sandbox {self.name})")
 
     def _become_verifier(self) -> None:
         if self.host_root is not None:

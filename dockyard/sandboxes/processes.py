@@ -37,12 +37,19 @@ def _field(status: bytes, name: bytes) -> bytes:
     return status[start + len(name) + 2:end if end > 0 else None].strip()
 
 
-def of_user(uid: int) -> Selector:
-    """Processes with `uid` as their real, effective, saved or filesystem user id."""
-    wanted = str(uid).encode()
+def of_user(*uids: int) -> Selector:
+    """Processes with one of `uids` as their real, effective, saved or filesystem user id."""
+    wanted = {str(uid).encode() for uid in uids}
 
     def select(pid: str) -> bool:
-        return wanted in _field(_status(pid), b"Uid").split()
+        return not wanted.isdisjoint(_field(_status(pid), b"Uid").split())
+    return select
+
+
+def any_of(*selectors: Selector) -> Selector:
+    """Processes any of the selectors picks (one scan of /proc instead of one each)."""
+    def select(pid: str) -> bool:
+        return any(each(pid) for each in selectors)
     return select
 
 
