@@ -8,6 +8,8 @@ triggers each one.
 
 from __future__ import annotations
 
+import os
+
 from typing import Callable, Iterable, Iterator
 
 from dockyard.config import topology
@@ -504,8 +506,9 @@ def evaluation(cfg: MasterConfig) -> Iterator[Problem]:
 @rule
 def tracking(cfg: MasterConfig) -> Iterator[Problem]:
     """MLflow logging needs logger.mlflow.tracking_uri (seed 002 6)."""
-    if cfg.logger.mlflow_enabled and not cfg.logger.mlflow.tracking_uri:
-        yield Problem("logger.mlflow.tracking_uri", "required when logger.mlflow_enabled is true")
+    if cfg.logger.mlflow_enabled and not cfg.logger.mlflow.tracking_uri and not os.environ.get("MLFLOW_TRACKING_URI"):
+        yield Problem("logger.mlflow.tracking_uri", "required when logger.mlflow_enabled is true (or set "
+                      "MLFLOW_TRACKING_URI)")
 
 
 # --- the optimizer ---------------------------------------------------------------------------

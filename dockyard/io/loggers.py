@@ -9,6 +9,12 @@ A tracker starts when the loop starts, before the first step: one that cannot st
 no credentials for an online mode, an unreachable store) is a LoggerStartError naming its setting,
 never a crash in the middle of a run. After a requeue each continues the same run (its id is kept in
 <log_dir>/<tracker>_run_id).
+
+The trackers' own environment variables count where the config leaves a setting unset (null, or an
+empty tracking URI): WANDB_MODE, WANDB_PROJECT, WANDB_DIR, MLFLOW_TRACKING_URI, SWANLAB_MODE. A setting
+in the config wins over its variable.
+
+Each tracker is a registered `logger` component (the catalog names these classes), found by name.
 """
 
 from __future__ import annotations
@@ -77,6 +83,22 @@ def _tracker_module(setting: str):
         raise LoggerStartError(f"logger.{setting}: {module} is not installed (pip install {pip})") from None
 
 
+def setting(value, variable: str, default, allowed: dict | None = None, field: str = ""):
+    """The config's value; where it is unset, the tracker's environment variable (mapped through
+    `allowed`, refused by name outside it), else the default."""
+    if value not in (None, ""):
+        return value
+    from_env = os.environ.get(variable)
+    if not from_env:
+        return default
+    if allowed is not None:
+        if from_env.lower() not in allowed:
+            raise LoggerStartError(f"{field}: unset, and {variable}={from_env!r} is not one of "
+                                   f"{', '.join(allowed)}; set {field} or {variable} to one of them")
+        return allowed[from_env.lower()]
+    return from_env
+
+
 def _run_id(log_dir: Path, tracker: str) -> tuple[Path, str | None]:
     path = log_dir / f"{tracker}_run_id"
     return path, (path.read_text().strip() or None) if path.is_file() else None
@@ -86,17 +108,22 @@ class WandbWriter:
     def __init__(self, config: LoggerConfig, log_dir: Path, run_name: str, run_config: dict):
         wandb = _tracker_module("wandb_enabled")
         settings = config.wandb
-        if settings.mode == "online" and not (os.environ.get("WANDB_API_KEY") or _netrc_has("api.wandb.ai")):
+        mode = setting(settings.mode, "WANDB_MODE", "online", {"online": "online", "run": "online",
+                                                                "offline": "offline", "dryrun": "offline"},
+                       "logger.wandb.mode")
+        project = setting(settings.project, "WANDB_PROJECT", "dockyard")
+        folder = setting(None, "WANDB_DIR", str(log_dir))
+        if mode == "online" and not (os.environ.get("WANDB_API_KEY") or _netrc_has("api.wandb.ai")):
             raise LoggerStartError("logger.wandb.mode is online but no W&B credentials were found (set "
                                    "WANDB_API_KEY or run `wandb login`); on nodes without internet set "
-                                   "logger.wandb.mode=offline and `wandb sync` later")
+                                   "logger.wandb.mode=offline (or WANDB_MODE=offline) and `wandb sync` later")
         id_file, run_id = _run_id(log_dir, "wandb")
         # a parent process that used wandb (a notebook, a test session) leaves WANDB_SERVICE pointing at
         # its own wandb-core; this run's records must not depend on that process staying alive
         os.environ.pop("WANDB_SERVICE", None)
         try:
-            self.run = wandb.init(project=settings.project, name=settings.name or run_name, mode=settings.mode,
-                                  dir=str(log_dir), config=run_config, id=run_id, resume="allow" if run_id else None,
+            self.run = wandb.init(project=project, name=settings.name or run_name, mode=mode,
+                                  dir=folder, config=run_config, id=run_id, resume="allow" if run_id else None,
                                   settings=wandb.Settings(console="off", silent=True))
         except Exception as err:   # wandb raises its own errors for network and auth failures
             raise LoggerStartError(f"logger.wandb_enabled: W&B did not start: {type(err).__name__}: {err}") from None
@@ -128,9 +155,13 @@ class MlflowWriter:
         from mlflow.entities import Metric, Param
         from mlflow.tracking import MlflowClient
         settings = config.mlflow
+        uri = setting(settings.tracking_uri, "MLFLOW_TRACKING_URI", "")
+        if not uri:
+            raise LoggerStartError("logger.mlflow.tracking_uri: required when logger.mlflow_enabled is true "
+                                   "(or set MLFLOW_TRACKING_URI)")
         id_file, run_id = _run_id(log_dir, "mlflow")
         try:
-            self.client = MlflowClient(settings.tracking_uri)
+            self.client = MlflowClient(uri)
             if run_id is None:
                 experiment = self.client.get_experiment_by_name(settings.experiment_name)
                 experiment_id = (experiment.experiment_id if experiment is not None
@@ -141,7 +172,7 @@ class MlflowWriter:
             else:
                 self.client.update_run(run_id, status="RUNNING")
         except Exception as err:   # a bad URI, an unreachable server, a locked database
-            raise LoggerStartError(f"logger.mlflow.tracking_uri: MLflow at {settings.tracking_uri!r} did not "
+            raise LoggerStartError(f"logger.mlflow.tracking_uri: MLflow at {uri!r} did not "
                                    f"start: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
                                    ) from None
         id_file.write_text(run_id)
@@ -171,12 +202,16 @@ class SwanlabWriter:
     def __init__(self, config: LoggerConfig, log_dir: Path, run_name: str, run_config: dict):
         swanlab = _tracker_module("swanlab_enabled")
         settings = config.swanlab
-        if settings.mode == "online" and not os.environ.get("SWANLAB_API_KEY"):
+        mode = setting(settings.mode, "SWANLAB_MODE", "online", {"online": "online", "cloud": "online",
+                                                                  "offline": "offline", "local": "offline"},
+                       "logger.swanlab.mode")
+        if mode == "online" and not os.environ.get("SWANLAB_API_KEY"):
             raise LoggerStartError("logger.swanlab.mode is online but SWANLAB_API_KEY is not set; on nodes without "
-                                   "internet set logger.swanlab.mode=offline and `swanlab sync` later")
+                                   "internet set logger.swanlab.mode=offline (or SWANLAB_MODE=offline) and "
+                                   "`swanlab sync` later")
         id_file, run_id = _run_id(log_dir, "swanlab")
         try:
-            self.run = swanlab.init(project=settings.project, name=run_name, mode=settings.mode,
+            self.run = swanlab.init(project=settings.project, name=run_name, mode=mode,
                                     log_dir=str(log_dir / "swanlab"), config=run_config,
                                     **({"id": run_id, "resume": "allow"} if run_id else {}))
         except Exception as err:
@@ -192,16 +227,20 @@ class SwanlabWriter:
         self.swanlab.finish()
 
 
-TRACKERS = (("wandb_enabled", WandbWriter), ("mlflow_enabled", MlflowWriter), ("swanlab_enabled", SwanlabWriter))
+TRACKERS = (("wandb_enabled", "wandb"), ("mlflow_enabled", "mlflow"), ("swanlab_enabled", "swanlab"))
 
 
 def start_trackers(config: LoggerConfig, log_dir: Path, run_name: str, run_config: dict) -> list:
-    """The enabled trackers, started; the first that fails closes the ones already started."""
+    """The enabled trackers (registered `logger` components), started; the first that fails closes the
+    ones already started."""
+    from dockyard import registry
+
     started = []
     try:
-        for setting, writer in TRACKERS:
-            if getattr(config, setting):
-                started.append(writer(config, log_dir, run_name, run_config))
+        for switch, name in TRACKERS:
+            if getattr(config, switch):
+                started.append(registry.build("logger", name, config=config, log_dir=log_dir, run_name=run_name,
+                                              run_config=run_config))
     except LoggerStartError:
         for tracker in started:
             tracker.close()

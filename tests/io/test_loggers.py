@@ -129,3 +129,44 @@ def test_a_tracker_that_cannot_start_names_its_setting(tmp_path, monkeypatch):
                        mlflow={"tracking_uri": f"sqlite:///{tmp_path}/broken.db"})
     with pytest.raises(LoggerStartError, match="logger.mlflow.tracking_uri: MLflow at .* did not start"):
         start_trackers(bad, tmp_path, "run", {})
+
+
+def test_the_trackers_own_variables_count_where_the_config_leaves_a_setting_unset(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("SWANLAB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))   # no ~/.netrc login either
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_PROJECT", "from-the-environment")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-dir"))
+    (tmp_path / "wandb-dir").mkdir()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/env.db")
+    monkeypatch.setenv("SWANLAB_MODE", "offline")
+    config = LoggerConfig(log_dir=str(tmp_path), wandb_enabled=True, mlflow_enabled=True, swanlab_enabled=True)
+    trackers = start_trackers(config, tmp_path, "run", {})   # no credentials: the variables made them offline
+    wandb, mlflow, _ = trackers
+    assert wandb.run.project == "from-the-environment"
+    assert list((tmp_path / "wandb-dir" / "wandb").glob("offline-run-*"))
+    for tracker in trackers:
+        tracker.log(1, {"x": 1.0})
+        tracker.close()
+    assert MlflowClient(f"sqlite:///{tmp_path}/env.db").get_run(mlflow.run_id).info.status == "FINISHED"
+    # a setting in the config wins over its variable
+    with pytest.raises(LoggerStartError, match="logger.wandb.mode is online but no W&B credentials"):
+        start_trackers(LoggerConfig(log_dir=str(tmp_path), wandb_enabled=True, wandb={"mode": "online"}), tmp_path,
+                       "run", {})
+    monkeypatch.setenv("WANDB_MODE", "sideways")
+    with pytest.raises(LoggerStartError, match="logger.wandb.mode: unset, and WANDB_MODE='sideways' is not one of"):
+        start_trackers(LoggerConfig(log_dir=str(tmp_path), wandb_enabled=True), tmp_path, "run", {})
+    # the preflight's rule takes MLFLOW_TRACKING_URI for the unset field
+    from dockyard.config import load_config
+
+    overrides = ["models_dir=models", "logger.mlflow_enabled=true"]
+    assert load_config("grpo_tiny.yaml", overrides).config.logger.mlflow.tracking_uri == ""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    from dockyard.config.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"logger.mlflow.tracking_uri: required .* \(or set MLFLOW_TRACKING_URI\)"):
+        load_config("grpo_tiny.yaml", overrides)

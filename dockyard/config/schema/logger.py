@@ -10,23 +10,26 @@ from dockyard.config.fields import Section, field
 
 
 class WandbConfig(Section):
-    project: str = field("dockyard", "W&B project.")
+    project: Optional[str] = field(None, "W&B project; null: WANDB_PROJECT if set, else dockyard.")
     name: Optional[str] = field(None, "Run name; null uses the config's name.")
-    mode: Literal["online", "offline"] = field("online", "online needs WANDB_API_KEY (or a wandb login); "
-                                               "offline writes <log_dir>/wandb/ for a later `wandb sync` (compute "
-                                               "nodes without internet).")
+    mode: Optional[Literal["online", "offline"]] = field(None, "online needs WANDB_API_KEY (or a wandb login); "
+                                                         "offline writes <log_dir>/wandb/ (or WANDB_DIR) for a later "
+                                                         "`wandb sync` (compute nodes without internet). null: "
+                                                         "WANDB_MODE if set (dryrun is offline), else online.")
 
 
 class MlflowConfig(Section):
     tracking_uri: str = field("", "MLflow tracking URI: a server (http://...) or a local database "
-                              "(sqlite:///path/mlflow.db).", "Required when mlflow_enabled.")
+                              "(sqlite:///path/mlflow.db); empty: MLFLOW_TRACKING_URI.",
+                              "Required when mlflow_enabled (here or in MLFLOW_TRACKING_URI).")
     experiment_name: str = field("dockyard", "MLflow experiment.")
 
 
 class SwanlabConfig(Section):
     project: str = field("dockyard", "SwanLab project.")
-    mode: Literal["online", "offline"] = field("online", "online needs SWANLAB_API_KEY (or a swanlab login); "
-                                              "offline writes <log_dir>/swanlab/ for a later `swanlab sync`.")
+    mode: Optional[Literal["online", "offline"]] = field(None, "online needs SWANLAB_API_KEY (or a swanlab "
+                                                         "login); offline writes <log_dir>/swanlab/ for a later "
+                                                         "`swanlab sync`. null: SWANLAB_MODE if set, else online.")
 
 
 class LoggerConfig(Section):
