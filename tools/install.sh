@@ -26,7 +26,10 @@ fi
 sandbox_packages=(bubblewrap podman runc catatonit slirp4netns nftables iproute2 python3-pytest python3-openpyxl
                   python3-docx git tar cmake g++)
 missing=()
-for p in "${sandbox_packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+# installed, not merely known (`dpkg -s` also succeeds for a removed package whose config files remain)
+for p in "${sandbox_packages[@]}"; do
+  [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" = "install ok installed" ] || missing+=("$p")
+done
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "installing ${missing[*]} (sandboxes)"
