@@ -37,8 +37,9 @@ class TensorBoardWriter:
 
 
 class JsonlWriter:
-    def __init__(self, path: Path, start_step: int = 0):
+    def __init__(self, path: Path, start_step: int = 0, machine: str | None = None):
         self.path = path
+        self.machine = machine   # written into the first line of this (re)start, then dropped
         if start_step and path.is_file():
             # a resumed run redoes the steps after its checkpoint: their old lines go
             lines = path.read_text(encoding="utf-8").splitlines()
@@ -49,8 +50,10 @@ class JsonlWriter:
                 tmp.replace(path)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
+        extra = {"machine": self.machine} if self.machine else {}
+        self.machine = None
         with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
+            handle.write(json.dumps({"step": step, "time": time.time(), **metrics, **extra}) + "\n")
 
     def close(self) -> None:
         pass
@@ -89,12 +92,12 @@ class MetricsLogger:
     console. Raises loggers.LoggerStartError naming a tracker that cannot start."""
 
     def __init__(self, config: LoggerConfig, total_steps: int, start_step: int, run_name: str = "dockyard",
-                 run_config: dict | None = None):
+                 run_config: dict | None = None, machine: str | None = None):
         from dockyard.io.loggers import start_trackers
 
         log_dir = Path(config.log_dir)
         log_dir.mkdir(parents=True, exist_ok=True)
-        self.sinks = [JsonlWriter(log_dir / "metrics.jsonl", start_step)]
+        self.sinks = [JsonlWriter(log_dir / "metrics.jsonl", start_step, machine)]
         if config.tensorboard_enabled:
             self.sinks.append(TensorBoardWriter(log_dir / "tensorboard", start_step))
         self.sinks += start_trackers(config, log_dir, run_name, run_config or {})

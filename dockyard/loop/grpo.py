@@ -544,8 +544,16 @@ class GRPOTrainer:
 
         cfg = self.cfg
         start = self.resume()
+        machine = None
+        if self.world.is_main:
+            from dockyard.machine import machine_summary
+
+            gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
+                if cfg.cluster.gpus_per_node > 0 and torch.cuda.is_available() else None
+            machine = machine_summary(gpus=gpus)
+            print(f"dockyard: machine: {machine}", file=sys.stderr, flush=True)
         logger = MetricsLogger(cfg.logger, self.max_steps, start, run_name=cfg.name or "dockyard",
-                               run_config=cfg.model_dump(mode="json")) if self.world.is_main else None
+                               run_config=cfg.model_dump(mode="json"), machine=machine) if self.world.is_main else None
         gpus = None
         if logger and cfg.cluster.gpus_per_node > 0 and cfg.logger.monitor_gpus:
             from dockyard.io.gpu_monitor import GpuMonitor

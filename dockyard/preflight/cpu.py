@@ -2,22 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from dockyard.config.schema import MasterConfig
+from dockyard.machine import BF16_UNITS, cpu_flags
 
-BF16_UNITS = {"avx512_bf16", "amx_bf16"}
-
-
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str] | None:
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.partition(":")[2].split())
-    return None
+__all__ = ["bf16_notes", "cpu_flags"]
 
 
 def bf16_notes(cfg: MasterConfig, flags: set[str] | None) -> list[str]:

@@ -25,3 +25,15 @@ def test_bf16_without_bf16_units_is_noted_with_the_fields_to_change():
     assert bf16_notes(cfg, avx2 | {"amx_bf16"}) == [] and bf16_notes(cfg, None) == []
     fp32 = load_config("grpo_math_smol.yaml", ["models_dir=models", "policy.precision=fp32"]).config
     assert bf16_notes(fp32, avx2) == []
+
+
+def test_the_machine_is_summarised_with_its_cpu_cores_and_bf16_units(tmp_path: Path):
+    from dockyard.machine import machine_summary
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: Intel Xeon Platinum\nflags\t\t: avx2 amx_bf16 avx512_bf16\n")
+    assert machine_summary(cpuinfo).startswith("Intel Xeon Platinum, ") and "bf16 units: amx_bf16, avx512_bf16" in \
+        machine_summary(cpuinfo)
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: avx2 fma\n")
+    assert "bf16 units: none (bf16 is slow on this CPU)" in machine_summary(cpuinfo, gpus=["NVIDIA H200"])
+    assert machine_summary(cpuinfo, gpus=["NVIDIA H200"]).endswith("; GPUs: NVIDIA H200")

@@ -60,6 +60,11 @@ def test_grpo_tiny_trains_and_writes_tensorboard_metrics_and_a_checkpoint(straig
     assert [e.step for e in events.Scalars("train/loss")] == [1, 2, 3, 4]
     lines = [json.loads(line) for line in (logs / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [1, 2, 3, 4]
+    # the machine the figures come from: printed at the start and in the first line of the start
+    from dockyard.machine import machine_summary
+
+    assert lines[0]["machine"] == machine_summary() and "machine" not in lines[1]
+    assert f"dockyard: machine: {machine_summary()}" in result.stdout   # stderr is merged into it
     assert "step 4:" in result.stdout and "eta" in result.stdout  # console summary and progress bar
     assert "HTTP Request:" not in result.stdout   # logger.log_level INFO: no line per generation request
     checkpoints = workdir / "runs" / "grpo_tiny" / "checkpoints"
