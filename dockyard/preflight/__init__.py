@@ -34,10 +34,27 @@ class Report:
             print(f"{who}: note: {note}", file=sys.stderr)
 
 
+def server_tensor_parallel(cfg: MasterConfig, teacher: bool = False) -> tuple[str, int, str] | None:
+    """(field, size, note) of a generation server's tensor parallelism: the rollout servers' (vLLM or
+    SGLang), or with `teacher` the teacher servers' (their own size on GPUs)."""
+    backend = cfg.policy.generation.backend
+    if backend not in ("vllm", "sglang"):
+        return None
+    if teacher and cfg.cluster.gpus_per_node > 0:
+        return ("on_policy_distillation.parallelism.tensor_parallel_size",
+                cfg.on_policy_distillation.parallelism.tensor_parallel_size, "")
+    settings = cfg.policy.generation.vllm_cfg if backend == "vllm" else cfg.policy.generation.sglang_cfg
+    size = settings.tensor_parallel_size
+    note = (" (= cluster.rollout_gpus_per_replica)" if size == cfg.cluster.rollout_gpus_per_replica and size > 1
+            else "")
+    return f"policy.generation.{backend}_cfg.tensor_parallel_size", size, note
+
+
 def model_problems(cfg: MasterConfig) -> tuple[list[Problem], int]:
     """Every model, tokenizer and checkpoint folder the run reads; and the policy's parameter count."""
-    from dockyard.preflight.model_folders import (check_checkpoint_step, check_model_folder, check_resume,
-                                                  check_tensor_parallel_plan, check_tokenizer)
+    from dockyard.preflight.model_folders import (check_checkpoint_step, check_generation_tensor_parallel,
+                                                  check_model_folder, check_resume, check_tensor_parallel_plan,
+                                                  check_tokenizer)
 
     problems, parameters = check_model_folder("policy.model_name", cfg.policy.model_name)
     tokenizer_field, tokenizer = (("policy.tokenizer_name", cfg.policy.tokenizer_name) if cfg.policy.tokenizer_name
@@ -49,6 +66,9 @@ def model_problems(cfg: MasterConfig) -> tuple[list[Problem], int]:
     tensor_parallel = cfg.policy.dtensor_cfg.tensor_parallel_size
     if not problems and cfg.policy.backend == "dtensor" and tensor_parallel > 1:
         problems += check_tensor_parallel_plan(cfg.policy.model_name, tensor_parallel)
+    server_tp = server_tensor_parallel(cfg)
+    if not problems and server_tp:
+        problems += check_generation_tensor_parallel(*server_tp[:1], cfg.policy.model_name, *server_tp[1:])
     reference = cfg.loss_fn.reference_model
     if cfg.loss_fn.reference_policy_kl_penalty > 0:
         if reference.checkpoint_path:
@@ -57,7 +77,11 @@ def model_problems(cfg: MasterConfig) -> tuple[list[Problem], int]:
         elif reference.hf_path:
             problems += check_model_folder("loss_fn.reference_model.hf_path", reference.hf_path)[0]
     for index, teacher in enumerate(cfg.on_policy_distillation.teachers if cfg.on_policy_distillation else []):
-        problems += check_model_folder(f"on_policy_distillation.teachers[{index}].hf_path", teacher.hf_path)[0]
+        teacher_problems = check_model_folder(f"on_policy_distillation.teachers[{index}].hf_path", teacher.hf_path)[0]
+        problems += teacher_problems
+        teacher_tp = server_tensor_parallel(cfg, teacher=True)
+        if not teacher_problems and teacher_tp:
+            problems += check_generation_tensor_parallel(teacher_tp[0], teacher.hf_path, *teacher_tp[1:])
         if teacher.checkpoint_path:
             problems += check_checkpoint_step(f"on_policy_distillation.teachers[{index}].checkpoint_path",
                                               teacher.checkpoint_path)

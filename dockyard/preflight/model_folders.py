@@ -142,6 +142,31 @@ def check_tensor_parallel_plan(path: str, size: int) -> list[Problem]:
     return []
 
 
+def check_generation_tensor_parallel(field: str, path: str, size: int, note: str = "") -> list[Problem]:
+    """A generation server's tensor-parallel `size` splits the model's attention heads as vLLM and
+    SGLang require (heads divisible by it; key/value heads divisible by it, or it by them): refused
+    here, not 25 s into the job when the server would not start."""
+    if size <= 1:
+        return []
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError):
+        return []   # config.json problems are reported by check_model_folder
+    config = getattr(config, "text_config", None) or config
+    heads = getattr(config, "num_attention_heads", None)
+    if not heads:
+        return []
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    fits = heads % size == 0 and (kv_heads % size == 0 if kv_heads >= size else size % kv_heads == 0)
+    if fits:
+        return []
+    sizes = [n for n in range(1, heads + 1) if heads % n == 0 and (kv_heads % n == 0 if kv_heads >= n else n % kv_heads == 0)]
+    return [Problem(field, f"{size}{note} does not split {path}'s {heads} attention heads ({kv_heads} key/value heads) "
+                           f"over its ranks; the server would not start. Sizes that do: {', '.join(map(str, sizes))}")]
+
+
 def check_checkpoint_step(field: str, path: str) -> list[Problem]:
     from dockyard.models import ModelNotFoundError, checkpoint_weights_folder
 

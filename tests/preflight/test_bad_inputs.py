@@ -202,3 +202,31 @@ def test_a_new_user_sees_the_same_message_from_the_command_line(tiny_model, tmp_
         assert result.returncode == 2, result.stderr
         assert f"data.datasets[0].path: {path}:2: not valid JSON" in result.stderr
         assert "Traceback" not in result.stderr
+
+
+def test_a_generation_servers_tensor_parallel_size_must_split_the_models_heads(tiny_model):
+    """vLLM / SGLang refuse a TP size that does not split the attention heads, 25 s into the job; the
+    preflight refuses it first, for the rollout servers and for each teacher (SmolLM2: 9 heads, 3 kv)."""
+    from dockyard.config import load_config
+    from dockyard.preflight import model_problems
+
+    smol = Path(__file__).resolve().parents[2] / "models" / "smollm2-135m-instruct"
+
+    def problems(config: str, *overrides: str) -> list[str]:
+        cfg = load_config(config, [f"models_dir={tiny_model.parent}", *overrides]).config
+        return [str(p) for p in model_problems(cfg)[0]]
+
+    found = problems("grpo_math_smol.yaml", f"policy.model_name={smol}", "generation=vllm",
+                     "policy.generation.vllm_cfg.tensor_parallel_size=2")
+    assert len(found) == 1 and found[0].startswith("policy.generation.vllm_cfg.tensor_parallel_size: 2 does not "
+                                                   "split") and "9 attention heads (3 key/value heads)" in found[0]
+    assert "Sizes that do: 1, 3, 9" in found[0]
+    assert problems("grpo_math_smol.yaml", f"policy.model_name={smol}", "generation=vllm",
+                    "policy.generation.vllm_cfg.tensor_parallel_size=3") == []
+    assert problems("grpo_tiny.yaml", "generation=vllm", "policy.generation.vllm_cfg.tensor_parallel_size=2") == []
+    # a teacher on the same servers' size: the tiny student splits, the SmolLM2 teacher does not
+    from tests.run.test_distillation_run import OPD, TEACHERS_CLUSTER
+
+    teachers = (f"+on_policy_distillation={{teachers: [{{name: alpha, hf_path: {smol}}}]}}", *OPD, *TEACHERS_CLUSTER)
+    found = problems("grpo_tiny.yaml", "generation=vllm", "policy.generation.vllm_cfg.tensor_parallel_size=2", *teachers)
+    assert len(found) == 1 and "smollm2-135m-instruct's 9 attention heads" in found[0], found
