@@ -259,7 +259,7 @@ def task_placed(files: list[tuple[Path, str]]) -> dict[str, str]:
             if source.is_dir() else [(source, target)]
         for path, inside in items:
             if path.is_file() and not path.is_symlink():
-                placed[os.path.normpath(inside)] = hashlib.sha256(path.read_bytes()).hexdigest()
+                placed[os.path.normpath(inside)] = _sha256(str(path))
     return placed
 
 

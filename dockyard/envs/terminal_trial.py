@@ -70,12 +70,6 @@ def setup_notes(task: TerminalTask, sandbox: Sandbox) -> list[str]:
     return notes
 
 
-def pytest_statuses(output: str) -> dict[str, str]:
-    """Each test id's status in a pytest -rA summary (PASSED, FAILED, ERROR, XPASS, XFAIL, SKIPPED): for
-    the logs only; grades come from pytest's own record (grading.py)."""
-    return {name: status for status, name in _PYTEST_RESULT.findall(output)}
-
-
 def regrade_sandbox(task: TerminalTask, used: Sandbox, make_sandbox: Callable[[SandboxSpec], Sandbox]) -> Sandbox:
     """`grading: fresh_sandbox`: a new sandbox from the task that receives only the agent's workspace
     (its links kept as links); the agent's sandbox is destroyed first (its slot frees the new one's)."""

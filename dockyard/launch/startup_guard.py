@@ -57,6 +57,3 @@ def signals_blocked(signals: set[int] = frozenset(STOP_SIGNALS)) -> Iterator[Non
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
-stop_signals_blocked = signals_blocked

@@ -27,7 +27,7 @@ from dockyard.distributed import free_port
 from dockyard.generation.health import HealthProbe
 from dockyard.config.topology import teacher_servers
 from dockyard.loop.teachers import teacher_model_folder
-from dockyard.launch.startup_guard import stop_signals_blocked
+from dockyard.launch.startup_guard import signals_blocked
 from dockyard.preflight import preflight
 from dockyard.processes import core_share, log_tail, stop_processes
 
@@ -165,7 +165,7 @@ def run_local(loaded: LoadedConfig) -> int:
                        DOCKYARD_SERVER_START_TIMEOUT_S=str(ENGINE_HEALTH_TIMEOUT_S + 60))
             log = None if rank == 0 else log_dir / f"trainer_rank{rank}.log"
             out = None if log is None else open(log, "w")
-            with stop_signals_blocked():   # pending, not fatal, until the rank handles them
+            with signals_blocked():   # pending, not fatal, until the rank handles them
                 process = subprocess.Popen([sys.executable, "-m", "dockyard.loop.grpo"], env=env, stdout=out,
                                            stderr=subprocess.STDOUT if out else None, start_new_session=True)
             children.append(Child(f"trainer rank {rank}", process, log))
