@@ -27,6 +27,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import secrets
 import shlex
 import stat
@@ -68,6 +69,27 @@ class Grade:
     error: str | None = None         # a verifier error: the reward is 0 and this says why
     suspicious: list[str] = field(default_factory=list)   # what in the workspace shadows test machinery
     notes: list[str] = field(default_factory=list)
+    tests_ran: str = "no"            # "pytest" (its record), "reward file" (Harbor, no pytest record) or "no"
+
+
+# what a test harness prints when it dies before its tests run (the line quoted in the verdict)
+HARNESS_FAILURES = re.compile(
+    r"command not found|Could not resolve host|Temporary failure in name resolution|Network is unreachable|"
+    r"Failed to connect|Connection refused|No module named|No such file or directory|Permission denied|"
+    r"Read-only file system|cannot execute|not found|error:|Error:", re.IGNORECASE)
+NETWORK_FAILURES = re.compile(r"Could not resolve host|Temporary failure in name resolution|Network is unreachable|"
+                              r"Failed to connect|Connection refused|Max retries exceeded|getaddrinfo", re.IGNORECASE)
+
+
+def harness_failure(output: str) -> str | None:
+    """The line of a test harness's output that says why it stopped, if one does: the first that names
+    the network (a harness that fetches its tools), else the first error."""
+    lines = output.splitlines()
+    for pattern in (NETWORK_FAILURES, HARNESS_FAILURES):
+        for line in lines:
+            if pattern.search(line):
+                return line.strip()[:200]
+    return None
 
 
 def _within(path: str, folders: list[str]) -> bool:

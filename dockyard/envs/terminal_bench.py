@@ -18,6 +18,7 @@ error (`verifier_error`); the rollouts count both per step.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +32,7 @@ from dockyard.envs.terminal_trial import (AGENTS, GRADINGS, TrialResult, regrade
                                           setup_notes, verify)
 from dockyard.sandboxes.base import Sandbox, SandboxError
 from dockyard.sandboxes.factory import SandboxFactory
+from dockyard.sandboxes.images import TaskImage
 
 KNOWN_EXTRA = {"tool_format", "max_output_chars", "grading"}
 
@@ -61,6 +63,7 @@ class TerminalBenchEnvironment:
         self.grading = str(extra.get("grading", "same_sandbox"))
         self.sandboxes = SandboxFactory(config.sandbox or SandboxConfig())
         self._tasks: dict[Path, TerminalTask] = {}
+        self._images: dict[Path, TaskImage | None] = {}
         self._lock = threading.Lock()
 
     @property
@@ -85,14 +88,41 @@ class TerminalBenchEnvironment:
     def open(self, prompt: Prompt) -> "TerminalEpisode":
         return TerminalEpisode(self, self.task_for(prompt))
 
+    def image_for(self, task: TerminalTask) -> TaskImage | None:
+        """The task's built image (env.sandbox.task_images: build; built at its first episode), or None."""
+        with self._lock:
+            if task.folder not in self._images:
+                self._images[task.folder] = self.sandboxes.task_image(task.name, task.dockerfile, task.build_context)
+            return self._images[task.folder]
+
     @classmethod
-    def reference_trials(cls, cfg, source: Path, agent: str) -> tuple[list[TrialResult], list[str]]:
-        """`dockyard env check`: every task in a sandbox with the oracle or the no-op agent at work."""
-        tasks = load_tasks(source)
+    def reference_trials(cls, cfg, source: Path, agent: str, out=sys.stderr) -> tuple[list[TrialResult], list[str]]:
+        """`dockyard env check`: every task in a sandbox with the oracle or the no-op agent at work. A
+        task that cannot be read, or whose image does not build, is reported and the others still run."""
+        problems: list[str] = []
+        tasks = load_tasks(source, problems)
         grading = cls.check_settings(cfg.env).get("grading", "same_sandbox")
         factory = SandboxFactory(cfg.env.sandbox or SandboxConfig())
+        images: dict[str, TaskImage | None] = {}
+        failed: dict[str, TrialResult] = {}
+        if factory.images is not None:
+            for number, task in enumerate(tasks, 1):
+                try:
+                    image = images[task.name] = factory.task_image(task.name, task.dockerfile, task.build_context)
+                    if image is not None:
+                        print(f"[{number}/{len(tasks)}] {task.name}: image {'built' if image.built_now else 'cached'} "
+                              f"in {image.seconds:.1f} s", file=out, flush=True)
+                except SandboxError as err:
+                    failed[task.name] = TrialResult(task.name, 0.0, 0.0, error=f"image build: {err}")
+                    print(f"[{number}/{len(tasks)}] {task.name}: image build failed", file=out, flush=True)
+
+        def trial(task: TerminalTask) -> TrialResult:
+            if task.name in failed:
+                return failed[task.name]
+            return run_trial(task, factory.create, AGENTS[agent], grading, images.get(task.name))
+
         with ThreadPoolExecutor(max_workers=cfg.env.num_workers) as pool:
-            return list(pool.map(lambda task: run_trial(task, factory.create, AGENTS[agent], grading), tasks)), []
+            return list(pool.map(trial, tasks)), problems
 
 
 class ShellEpisode:
@@ -137,10 +167,11 @@ class ShellEpisode:
 class TerminalEpisode(ShellEpisode):
     def __init__(self, env: TerminalBenchEnvironment, task: TerminalTask):
         self.env, self.task = env, task
-        sandbox = env.sandboxes.create(sandbox_spec(task))
+        image = env.image_for(task)
+        sandbox = env.sandboxes.create(sandbox_spec(task, image))
         super().__init__(sandbox, min(task.agent_timeout_s, env.config.task_timeout_s), env.max_output_chars,
                          f"task {task.name}")
-        self.notes = setup_notes(task, sandbox)
+        self.notes = setup_notes(task, sandbox, image)
 
     def finish(self) -> float:
         """Hand the sandbox over to the verifier and run the task's tests: the reward."""

@@ -37,6 +37,7 @@ from pathlib import Path
 import yaml
 
 from dockyard.sandboxes.base import BASE_ENV
+from dockyard.sandboxes.images import expand_heredocs, logical_lines
 
 TB1_AGENT_TIMEOUT_S, TB1_TEST_TIMEOUT_S = 360.0, 60.0
 HARBOR_AGENT_TIMEOUT_S, HARBOR_TEST_TIMEOUT_S = 600.0, 600.0
@@ -75,22 +76,9 @@ class TerminalTask:
     metadata: dict = field(default_factory=dict)
     reward_range: tuple[float, float] = (0.0, 1.0)   # Harbor: a reward file outside it is a verifier error
 
-
-
-def _logical_lines(text: str) -> list[str]:
-    lines, current = [], ""
-    for raw in text.splitlines():
-        stripped = raw.strip()
-        if not current and (not stripped or stripped.startswith("#")):
-            continue
-        if stripped.endswith("\\"):
-            current += stripped[:-1] + " "
-            continue
-        lines.append((current + stripped).strip())
-        current = ""
-    if current.strip():
-        lines.append(current.strip())
-    return lines
+    @property
+    def build_context(self) -> Path | None:
+        return self.dockerfile.parent if self.dockerfile else None
 
 
 def _arguments(rest: str) -> list[str]:
@@ -116,13 +104,18 @@ def _expand(value: str, env: dict[str, str]) -> str:
 
 def parse_dockerfile(path: Path, context: Path) -> DockerfileSetup:
     setup = DockerfileSetup()
-    for line in _logical_lines(path.read_text()):
+    build_args: dict[str, str] = {}   # ARG defaults: variables of FROM (before it) and of later lines
+    for _, line in logical_lines(expand_heredocs(path.read_text())):
         instruction, _, rest = line.partition(" ")
         keyword = instruction.upper()
-        if keyword == "FROM":
-            setup.image = rest.split()[0] if rest.split() else None
+        if keyword == "ARG":
+            name, _, value = rest.strip().partition("=")
+            build_args[name.strip()] = value.strip().strip('"').strip("'")
+        elif keyword == "FROM":
+            words = [w for w in rest.split() if not w.startswith("--")]
+            setup.image = _expand(words[0], build_args) if words else None
         elif keyword == "WORKDIR":
-            target = _expand(rest.strip(), setup.env)
+            target = _expand(rest.strip(), {**build_args, **setup.env})
             setup.workdir = target if target.startswith("/") else str(Path(setup.workdir or "/", target))
         elif keyword == "ENV":
             # `$PATH` in an ENV line is the image's PATH: the standard one, as every sandbox starts with
@@ -135,6 +128,7 @@ def parse_dockerfile(path: Path, context: Path) -> DockerfileSetup:
                 setup.ignored.append(line)
                 continue
             *sources, target = args
+            target = _expand(target, {**build_args, **setup.env})
             if not target.startswith("/"):
                 target = str(Path(setup.workdir or "/", target)) + ("/" if target.endswith("/") else "")
             for source in sources:
@@ -147,7 +141,7 @@ def parse_dockerfile(path: Path, context: Path) -> DockerfileSetup:
                     setup.copies.append((match, destination))
         elif keyword == "RUN":
             setup.run.append(rest)
-        elif keyword in ("CMD", "ENTRYPOINT", "LABEL", "EXPOSE", "ARG", "SHELL", "USER", "VOLUME", "HEALTHCHECK",
+        elif keyword in ("CMD", "ENTRYPOINT", "LABEL", "EXPOSE", "SHELL", "USER", "VOLUME", "HEALTHCHECK",
                          "STOPSIGNAL", "ONBUILD", "MAINTAINER"):
             setup.ignored.append(line)
         else:
@@ -232,8 +226,20 @@ def load_task(folder: str | Path) -> TerminalTask:
     raise TaskFormatError(f"{folder}: neither task.yaml (Terminal-Bench) nor task.toml (Harbor) is there")
 
 
-def load_tasks(source: str | Path) -> list[TerminalTask]:
-    """Every task of a folder of task folders, or of a jsonl index (rows: {"path": ..., "instruction"?})."""
+def _load_or_note(folder: Path, problems: list[str] | None) -> TerminalTask | None:
+    try:
+        return load_task(folder)
+    except (TaskFormatError, OSError, UnicodeDecodeError) as err:
+        if problems is None:
+            raise TaskFormatError(str(err)) from None
+        problems.append(f"{folder.name}: {' '.join(str(err).split())}")
+        return None
+
+
+def load_tasks(source: str | Path, problems: list[str] | None = None) -> list[TerminalTask]:
+    """Every task of a folder of task folders, or of a jsonl index (rows: {"path": ..., "instruction"?}).
+    With `problems`, a task that cannot be read is noted there (its folder name and why) and left out
+    instead of failing the whole set."""
     source = Path(source)
     if source.is_file() and source.suffix == ".jsonl":
         from dockyard.data.datasets import DatasetError, read_rows
@@ -250,7 +256,9 @@ def load_tasks(source: str | Path) -> list[TerminalTask]:
             if not isinstance(path, str):
                 raise TaskFormatError(f"{source}: row {number} needs the `path` of a task folder "
                                       "(at the top level or under `task`)")
-            task = load_task((source.parent / path).resolve())
+            task = _load_or_note((source.parent / path).resolve(), problems)
+            if task is None:
+                continue
             if row.get("instruction"):
                 task.instruction = str(row["instruction"])
             tasks.append(task)
@@ -262,7 +270,7 @@ def load_tasks(source: str | Path) -> list[TerminalTask]:
     folders = [p for p in sorted(source.iterdir()) if (p / "task.yaml").is_file() or (p / "task.toml").is_file()]
     if not folders:
         raise TaskFormatError(f"{source}: no task folders (with task.yaml or task.toml) inside")
-    return [load_task(folder) for folder in folders]
+    return [task for folder in folders if (task := _load_or_note(folder, problems)) is not None]
 
 
 def index_rows(folder: str | Path, relative_to: str | Path) -> list[dict]:

@@ -21,10 +21,12 @@ from typing import Callable
 
 import yaml
 
-from dockyard.envs.grading import (Grade, foreign_plugins, new_plugin_name, pytest_grade, read_records, reward_file,
+from dockyard.envs.grading import (Grade, foreign_plugins, harness_failure, new_plugin_name, pytest_grade, read_records,
+                                   reward_file,
                                    shadowing_files, task_placed, unchanged_check, verifier_env, verifier_files)
 from dockyard.envs.terminal_tasks import TerminalTask
 from dockyard.sandboxes.base import Sandbox, SandboxError, SandboxSpec
+from dockyard.sandboxes.images import TaskImage
 
 _PYTEST_RESULT = re.compile(r"^(PASSED|FAILED|ERROR|XPASS|XFAIL|SKIPPED)\s+(\S+)", re.MULTILINE)
 GRADINGS = ("same_sandbox", "fresh_sandbox")
@@ -41,29 +43,41 @@ class TrialResult:
     error: str | None = None
     verifier_error: str | None = None
     suspicious: list[str] = field(default_factory=list)
+    tests_ran: str | None = None     # Grade.tests_ran, where the environment's tests are a harness that may not run
 
     @property
     def resolved(self) -> bool:
         return self.reward >= 1.0
 
 
-def sandbox_spec(task: TerminalTask) -> SandboxSpec:
-    """The task's Dockerfile as far as a sandbox without an image builder honours it."""
+def sandbox_spec(task: TerminalTask, image: TaskImage | None = None) -> SandboxSpec:
+    """The task's sandbox: on its built image (env.sandbox.task_images: build), else the Dockerfile as
+    far as a sandbox without an image builder honours it."""
+    network = bool(task.metadata.get("environment", {}).get("allow_internet", False))
+    if image is not None:   # WORKDIR / (Docker's default) cannot be a workspace: the configured one serves
+        return SandboxSpec(workdir="" if image.workdir == "/" else image.workdir, env=dict(image.env),
+                           name=f"task {task.name}", network=network, image=image.tag, rootfs=image.rootfs)
     return SandboxSpec(workdir=task.setup.workdir or "", files=list(task.setup.copies), env=dict(task.setup.env),
-                       name=f"task {task.name}", run=list(task.setup.run),
-                       network=bool(task.metadata.get("environment", {}).get("allow_internet", False)))
+                       name=f"task {task.name}", run=list(task.setup.run), network=network)
 
 
-def setup_notes(task: TerminalTask, sandbox: Sandbox) -> list[str]:
+def setup_notes(task: TerminalTask, sandbox: Sandbox, image: TaskImage | None = None) -> list[str]:
+    if image is not None:
+        notes = list(image.notes)
+        if image.workdir == "/":
+            notes.append(f"the image's WORKDIR is / (none set): the shell starts in {sandbox.workdir} "
+                         "(env.sandbox.working_dir)")
+        return notes
     notes = []
     if task.setup.image:
-        image = getattr(sandbox, "image", None)
-        root = (f"env.sandbox.image {image!r}" if image else "this machine itself" if sandbox.kind == "none"
+        image_name = getattr(sandbox, "image", None)
+        root = (f"env.sandbox.image {image_name!r}" if image_name else "this machine itself" if sandbox.kind == "none"
                 else "this machine's /usr and /etc, read-only")
-        notes.append(f"base image {task.setup.image} not used (nothing is pulled): the {sandbox.kind} sandbox runs "
-                     f"commands on {root}")
+        notes.append(f"base image {task.setup.image} not used (env.sandbox.task_images: host): the {sandbox.kind} "
+                     f"sandbox runs commands on {root}")
     if task.setup.run and not sandbox.builds_images:
-        notes.append(f"{len(task.setup.run)} RUN line(s) of {task.dockerfile} skipped: this sandbox builds no images")
+        notes.append(f"{len(task.setup.run)} RUN line(s) of {task.dockerfile} skipped: set env.sandbox.task_images: "
+                     "build to build the task's image")
     if task.setup.ignored:
         notes.append(f"{len(task.setup.ignored)} Dockerfile line(s) without effect here: "
                      + "; ".join(line.split()[0] for line in task.setup.ignored))
@@ -77,7 +91,7 @@ def regrade_sandbox(task: TerminalTask, used: Sandbox, make_sandbox: Callable[[S
     with tempfile.TemporaryDirectory() as keep:
         used.copy_out(used.workdir, Path(keep) / "workspace", links=True)
         used.destroy()
-        fresh = make_sandbox(sandbox_spec(task))
+        fresh = make_sandbox(used.spec)
         try:
             fresh.hand_over()
             fresh.place([(Path(keep) / "workspace", fresh.workdir, False)])
@@ -94,7 +108,7 @@ def verify(task: TerminalTask, sandbox: Sandbox) -> Grade:
     suspicious = shadowing_files(sandbox, placed)
     unchanged = unchanged_check(sandbox, placed)
     plugin = new_plugin_name()
-    env, notes = verifier_env(sandbox, dict(task.setup.env), ["/tests"], safe_path=True, plugin_autoload=False,
+    env, notes = verifier_env(sandbox, dict(sandbox.spec.env), ["/tests"], safe_path=True, plugin_autoload=False,
                               plugin=plugin)
     with tempfile.TemporaryDirectory() as scratch:
         sandbox.place([(source, target, True) for source, target in task.tests] + verifier_files(Path(scratch), plugin))
@@ -105,8 +119,11 @@ def verify(task: TerminalTask, sandbox: Sandbox) -> Grade:
     if result.timed_out:
         return Grade(0.0, output + f"\n[tests timed out after {task.test_timeout_s:.0f} s]", None, suspicious, notes)
     records, problems = read_records(sandbox)
+    tests_ran = "pytest" if records else "no"
     if task.layout == "harbor":
         reward, why, error = reward_file(sandbox, *task.reward_range)
+        if not records and not why.startswith("the tests wrote no"):
+            tests_ran = "reward file"
         foreign = foreign_plugins(records, sandbox.agent_writable(), ["/tests"], unchanged)
         if foreign and not error:   # the reward came from tests an agent's plugin could have rewritten
             why = error = ("pytest used a plugin, conftest.py or configuration file the agent could have written: "
@@ -116,8 +133,12 @@ def verify(task: TerminalTask, sandbox: Sandbox) -> Grade:
         resolved, why, error = pytest_grade(records, problems, bool(_PYTEST_RESULT.search(output)),
                                             sandbox.agent_writable(), ["/tests"], unchanged)
         reward = 1.0 if resolved else 0.0
+    if not records:   # the harness may have died before its tests: say where, as its output does
+        failure = harness_failure(output)
+        if failure:
+            notes.append(f"no pytest record: the test harness's output says {failure!r}")
     verdict = f"\n[verifier error: {why}]" if error else f"\n[{why}]"
-    return Grade(reward, output + verdict, error, suspicious, notes)
+    return Grade(reward, output + verdict, error, suspicious, notes, tests_ran)
 
 
 # --- the two reference agents: what `dockyard env check` runs ---------------------------------
@@ -152,19 +173,21 @@ AGENTS: dict[str, Callable[[TerminalTask, Sandbox], str]] = {"oracle": oracle_ag
 
 
 def run_trial(task: TerminalTask, make_sandbox: Callable[[SandboxSpec], Sandbox],
-              agent: Callable[[TerminalTask, Sandbox], str], grading: str = "same_sandbox") -> TrialResult:
+              agent: Callable[[TerminalTask, Sandbox], str], grading: str = "same_sandbox",
+              image: TaskImage | None = None) -> TrialResult:
     started = time.monotonic()
     result = TrialResult(task.name, 0.0, 0.0)
     sandbox = None
     try:
-        sandbox = make_sandbox(sandbox_spec(task))
-        result.notes = setup_notes(task, sandbox)
+        sandbox = make_sandbox(sandbox_spec(task, image))
+        result.notes = setup_notes(task, sandbox, image)
         result.agent_output = agent(task, sandbox)
         if grading == "fresh_sandbox":
             sandbox = regrade_sandbox(task, sandbox, make_sandbox)
         grade = verify(task, sandbox)
         result.reward, result.test_output, result.verifier_error = grade.reward, grade.output, grade.error
         result.suspicious, result.notes = grade.suspicious, result.notes + grade.notes
+        result.tests_ran = grade.tests_ran
         if grade.error:
             result.notes.append(f"verifier error: {grade.error}")
         if grade.suspicious:

@@ -85,6 +85,8 @@ class SandboxSpec:
     name: str = "sandbox"
     run: list[str] = field(default_factory=list)   # Dockerfile RUN lines: run at creation where a backend builds images
     network: bool = False   # only a task that says so (Harbor's allow_internet) gets the host's network
+    image: str | None = None     # a built task image (images.py): podman runs it
+    rootfs: Path | None = None   # the same image as a root folder: bubblewrap runs on it
 
 
 def copy_host_path(source: Path, target: Path) -> None:

@@ -41,6 +41,9 @@ def _pid_namespace(info_fd: int, timeout_s: float = 30.0) -> str | None:
     return None   # bwrap failed before it set the sandbox up (its error is in the command's output)
 
 
+IMAGE_SKIPPED = {"/dev", "/proc", "/sys", "/tmp"}   # made fresh for every command
+
+
 class BubblewrapSandbox(HostFolderSandbox):
     kind = "bubblewrap"
 
@@ -59,15 +62,10 @@ class BubblewrapSandbox(HostFolderSandbox):
         mb = 1024 * 1024
         bwrap = ["bwrap", "--unshare-all", *(["--share-net"] if self.network else []), "--die-with-parent",
                  "--new-session", "--cap-drop", "ALL", "--clearenv",
-                 *(["--info-fd", str(info_fd)] if info_fd is not None else []),
-                 "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+                 *(["--info-fd", str(info_fd)] if info_fd is not None else [])]
+        bwrap += self._image_root() if self.spec.rootfs else self._host_view()
         if self.network:
             bwrap += ["--ro-bind", str(self.network.resolv), "/etc/resolv.conf"]
-        for link in ("bin", "lib", "lib64", "sbin"):
-            if os.path.islink("/" + link):
-                bwrap += ["--symlink", os.readlink("/" + link), "/" + link]
-            elif os.path.isdir("/" + link):
-                bwrap += ["--ro-bind", "/" + link, "/" + link]
         bwrap += ["--dev", "/dev", "--size", str(self.limits.shm_mb * mb), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
                   "--proc", "/proc", "--size", str(self.limits.tmp_mb * mb), "--tmpfs", "/tmp"]
         for inside, host in sorted(self.mounts.items()):
@@ -76,6 +74,30 @@ class BubblewrapSandbox(HostFolderSandbox):
         for key, value in env.items():
             bwrap += ["--setenv", key, value]
         return [*self.user_and_limits(), *bwrap, "--", *argv]
+
+    @staticmethod
+    def _host_view() -> list[str]:
+        view = ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+        for link in ("bin", "lib", "lib64", "sbin"):
+            if os.path.islink("/" + link):
+                view += ["--symlink", os.readlink("/" + link), "/" + link]
+            elif os.path.isdir("/" + link):
+                view += ["--ro-bind", "/" + link, "/" + link]
+        return view
+
+    def _image_root(self) -> list[str]:
+        """A built task image's root folder (images.py), each top-level entry read-only: the sandbox's
+        own folders (workspace, /tests, /tmp, /dev, /proc) are mounted over it as without an image."""
+        view, root = [], self.spec.rootfs
+        for entry in sorted(os.listdir(root)):
+            inside, path = "/" + entry, os.path.join(root, entry)
+            if inside in IMAGE_SKIPPED or inside in self.mounts:
+                continue
+            if os.path.islink(path):
+                view += ["--symlink", os.readlink(path), inside]
+            elif os.path.isdir(path) or os.path.isfile(path):
+                view += ["--ro-bind", path, inside]
+        return view
 
     def _spawn(self, argv: list[str], env: dict[str, str], cwd: str | None, stdin) -> subprocess.Popen:
         """As the base, and the command's pid namespace is noted (bwrap reports it on --info-fd) so

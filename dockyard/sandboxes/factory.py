@@ -12,13 +12,16 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from pathlib import Path
 
 from dockyard import registry
 from dockyard.config.schema.env import SandboxConfig
 from dockyard.sandboxes.base import Sandbox, SandboxError, SandboxLimits, SandboxSpec
+from dockyard.sandboxes.images import ImageBuilder, TaskImage
 from dockyard.sandboxes.reaping import reap_once
 from dockyard.sandboxes.users import uid_range_problem
 
+IMAGE_RUNNERS = ("podman", "bubblewrap")
 LIMIT_KEYS = {f.name for f in dataclasses.fields(SandboxLimits)} - {"command_timeout_s"}
 
 
@@ -52,6 +55,33 @@ class SandboxFactory:
         if problem:
             raise SandboxError(problem)
         self._slots = threading.BoundedSemaphore(config.max_concurrent)
+        self.images = self._image_builder(config)
+
+    @staticmethod
+    def _image_builder(config: SandboxConfig) -> ImageBuilder | None:
+        if config.task_images == "host":
+            for key in ("base_images", "default_base_image"):
+                if getattr(config, key):
+                    raise SandboxError(f"env.sandbox.{key}: only task_images build reads it (set task_images: build, "
+                                       "or remove it)")
+            return None
+        if config.type not in IMAGE_RUNNERS:
+            raise SandboxError(f"env.sandbox.task_images: build runs task images in {' or '.join(IMAGE_RUNNERS)} "
+                               f"sandboxes, not {config.type}; set task_images: host")
+        if config.image:
+            raise SandboxError(f"env.sandbox.image: with task_images build each task runs on its own image; "
+                               f"map bases through env.sandbox.base_images instead of setting image ({config.image!r})")
+        problem = ImageBuilder.problem()
+        if problem:
+            raise SandboxError(problem)
+        return ImageBuilder(config.base_images, config.default_base_image, config.image_cache,
+                            export_rootfs=config.type == "bubblewrap")
+
+    def task_image(self, name: str, dockerfile: Path | None, context: Path | None) -> TaskImage | None:
+        """The task's built image (built now if missing), or None when images are not built."""
+        if self.images is None or dockerfile is None:
+            return None
+        return self.images.image_for(name, dockerfile, context or dockerfile.parent)
 
     def create(self, spec: SandboxSpec) -> Sandbox:
         if not spec.workdir:

@@ -105,7 +105,11 @@ class HostFolderSandbox(Sandbox):
                 self.cgroup = SandboxCgroup.create(self.host_root.name, limits.sandbox_memory_mb * 1024 * 1024)
             if spec.network:
                 self.network = UserNetwork(spec.name)
-            self._mount(self.workdir)
+            workspace = self._mount(self.workdir)
+            if spec.rootfs is not None:   # a built image's files at the working directory are the agent's
+                image_files = Path(spec.rootfs) / self.workdir.lstrip("/")
+                if image_files.is_dir() and not image_files.is_symlink():
+                    host_paths.copy_in(image_files, workspace, "", (self.uid, self.gid) if self.lease else None)
             for source, target in spec.files:
                 self.copy_in(source, target)
         except BaseException:

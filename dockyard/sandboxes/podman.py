@@ -83,7 +83,7 @@ class PodmanSandbox(Sandbox):
         super().__init__(spec, limits)
         if podman_path() is None:
             raise SandboxError("podman is not installed (`apt-get install podman`)")
-        self.image = getattr(config, "image", None)
+        self.image = spec.image or getattr(config, "image", None)
         self.uids = uid_range(config)
         self.name = f"dockyard-{secrets.token_hex(6)}"
         self.as_root = os.geteuid() == 0

@@ -60,7 +60,7 @@ def test_dockerfile_lines_a_sandbox_honours(tmp_path):
     assert setup.env == {"A": "1", "B": "two words", "LEGACY": "value with spaces"}
     assert setup.copies == [(tmp_path / "src", "/srv/app/code"), (tmp_path / "b.txt", "/data/b.txt"),
                             (tmp_path / "b.txt", "/srv/app/renamed.txt")]
-    assert setup.run == ["apt-get update &&  apt-get install -y jq"]
+    assert setup.run == ["apt-get update &&      apt-get install -y jq"]   # as Docker joins it: indentation kept
     assert [line.split()[0] for line in setup.ignored] == ["COPY", "CMD"]
     # `$PATH` in an ENV line is the image's PATH (the standard one every sandbox starts with), not a literal
     (tmp_path / "Dockerfile").write_text("FROM x\nENV PATH=/opt/tool/bin:$PATH\nENV OTHER=${PATH}:/x\n")
@@ -149,7 +149,7 @@ def test_an_agent_cannot_plant_a_reward_or_see_the_tests(factory):
 
     result = run_trial(task, factory.create, cheat)
     assert result.reward == 0.0 and result.error is None
-    assert "base image ubuntu:24.04 not used (nothing is pulled): the bubblewrap sandbox runs commands on this " \
+    assert "base image ubuntu:24.04 not used (env.sandbox.task_images: host): the bubblewrap sandbox runs commands on this " \
            "machine's /usr and /etc, read-only" in result.notes
 
 
@@ -189,7 +189,7 @@ def test_env_check_passes_the_shipped_set_and_names_a_broken_task(tmp_path):
     (broken / "always-passes" / "tests" / "test_outputs.py").write_text("def test_nothing():\n    assert True\n")
     result = check("noop", broken)
     assert result.returncode == 1
-    assert "BROKEN always-passes: the noop agent got reward 1.00, expected 0" in result.stdout
+    assert "BROKEN always-passes [tests pass without work]: the noop agent got reward 1.00, expected 0" in result.stdout
     result = check("oracle", tmp_path / "nowhere")
     assert result.returncode == 2 and "no such task folder" in result.stderr and "Traceback" not in result.stderr
 

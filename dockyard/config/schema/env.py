@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Literal, Optional
 
 from pydantic import PositiveInt
 
@@ -30,6 +30,20 @@ class SandboxConfig(OpenSection):
                                        "is root: two per live sandbox (the agent's, the verifier's); none may belong "
                                        "to a user, a group or a subuid range of this machine (checked before "
                                        "anything starts).")
+    task_images: Literal["host", "build"] = field(
+        "host", "Terminal tasks' Dockerfiles: build (each built into an image with podman, cached, and the sandbox "
+        "runs on it: RUN lines take effect in podman and bubblewrap) or host (no build: WORKDIR, COPY and ENV "
+        "applied, RUN lines run at creation in podman and skipped in bubblewrap). docs/agents.md, task images.")
+    base_images: dict[str, str] = field(
+        {}, "task_images build: published base -> local image for each Dockerfile's FROM (nothing is pulled). A "
+        "base neither mapped nor in the local image store takes default_base_image, else is refused by name.")
+    default_base_image: Optional[str] = field(
+        None, "task_images build: the local image for every FROM that base_images does not map and the local "
+        "store lacks (tools/build_base_image.sh builds localhost/dockyard-base:bookworm).")
+    image_cache: Optional[str] = field(None, "task_images build: where build logs and the exported root folders "
+                                       "bubblewrap runs on are kept, one folder per cache key; null: "
+                                       "/var/cache/dockyard/task-images as root (the sandboxes' users must reach "
+                                       "it), else ~/.cache/dockyard/task-images.")
 
 
 class EnvConfig(OpenSection):

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+tally /data/ledger.csv > /app/total.txt

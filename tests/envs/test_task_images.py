@@ -1,0 +1,217 @@
+"""Task images (env.sandbox.task_images: build): Dockerfiles read as Docker reads them, built for real
+with podman on a local Debian base (tools/build_base_image.sh), cached, and run in both sandboxes."""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from dockyard.config.schema.env import SandboxConfig
+from dockyard.envs.terminal_tasks import load_task, load_tasks, parse_dockerfile
+from dockyard.envs.terminal_trial import oracle_agent, run_trial, sandbox_spec
+from dockyard.sandboxes.base import SandboxError
+from dockyard.sandboxes.factory import SandboxFactory
+from dockyard.sandboxes.images import ImageBuildError, expand_heredocs, logical_lines, rewrite_froms
+from dockyard.sandboxes.podman import podman_path
+from tests.conftest import REPO
+
+TASKS = Path(__file__).parent / "image_tasks"
+BASE = "localhost/dockyard-base:bookworm"
+needs_builder = pytest.mark.skipif(podman_path() is None or os.geteuid() != 0,
+                                   reason="task images are built with podman as root (tools/install.sh)")
+
+
+def test_docker_strips_comment_lines_inside_a_continued_instruction_and_reads_the_escape_directive():
+    text = ("# escape=`\nFROM base\nRUN a && `\n    # not the end of RUN\n\n    b\n"
+            "RUN c \\\n")
+    assert [line for _, line in logical_lines(text)] == ["FROM base", "RUN a &&      b", "RUN c \\"]
+    text = "FROM base\nRUN one \\\n  # comment\n  two \\\n  three\nENV A=1\n"
+    assert [(n, line.split()[0]) for n, line in logical_lines(text)] == [(1, "FROM"), (2, "RUN"), (6, "ENV")]
+    assert logical_lines(text)[1][1].split() == ["RUN", "one", "two", "three"]
+
+
+def test_bases_are_mapped_to_local_images_stages_are_not_and_an_unknown_base_is_refused_by_line(tmp_path):
+    dockerfile = tmp_path / "Dockerfile"
+    text = ("ARG V=3.12\nFROM --platform=linux/amd64 python:${V}-slim AS build\nRUN make\n"
+            "FROM build AS test\nFROM docker.io/library/ubuntu:24.04\nCOPY --from=build /x /x\n")
+    local = {"localhost/base:1", "localhost/other"}.__contains__
+    out, choices = rewrite_froms(text, dockerfile, {"ubuntu:24.04": "localhost/other"}, "localhost/base:1", local)
+    assert [(c.asked, c.used, c.line) for c in choices] == [
+        ("python:3.12-slim", "localhost/base:1", 2), ("docker.io/library/ubuntu:24.04", "localhost/other", 5)]
+    assert out.splitlines()[1] == "FROM --platform=linux/amd64 localhost/base:1 AS build"
+    assert out.splitlines()[3] == "FROM build AS test" and out.splitlines()[4] == "FROM localhost/other"
+    with pytest.raises(ImageBuildError, match=r"Dockerfile:5: FROM docker.io/library/ubuntu:24.04: not in this "
+                                              r"machine's image store and not mapped in env.sandbox.base_images"):
+        rewrite_froms(text, dockerfile, {}, None, {"python:3.12-slim"}.__contains__)
+    with pytest.raises(ImageBuildError, match="maps to localhost/gone, which is not in this machine's image store"):
+        rewrite_froms("FROM alpine\n", dockerfile, {"alpine:latest": "localhost/gone"}, None, local)
+
+
+def test_heredocs_become_plain_run_lines_that_any_builder_reads():
+    text = "FROM b\nRUN <<EOT\necho one\necho two\nEOT\nCOPY <<EOF /etc/x.conf\nk=v\nEOF\nRUN python3 - <<'PY'\nprint(1)\nPY\n"
+    out = expand_heredocs(text)
+    assert "<<" not in out and "echo one" not in out   # bodies travel base64-encoded
+    assert [line.split()[0] for _, line in logical_lines(out)] == ["FROM", "RUN", "RUN", "RUN"]
+    assert "python3 - < /tmp/.dockyard-heredoc-0" in out
+
+
+def test_the_host_mode_parser_reads_the_same_lines_as_docker():
+    setup = parse_dockerfile(TASKS / "harbor-built" / "environment" / "Dockerfile", TASKS / "harbor-built" / "environment")
+    assert setup.workdir == "/app" and setup.env["TOOLS"] == "/opt/tools"
+    assert ("ledger.csv", "/data/") in [(s.name, t) for s, t in setup.copies] or \
+        ("ledger.csv", "/data/ledger.csv") in [(s.name, t) for s, t in setup.copies]
+    assert len(setup.run) == 5 and setup.run[0].split()[:3] == ["mkdir", "-p", "$TOOLS"]
+
+
+def test_task_image_settings_are_refused_by_name_where_they_cannot_take_effect(tmp_path):
+    with pytest.raises(SandboxError, match="env.sandbox.base_images: only task_images build reads it"):
+        SandboxFactory(SandboxConfig(type="bubblewrap", base_images={"ubuntu:24.04": BASE}))
+    with pytest.raises(SandboxError, match="env.sandbox.default_base_image: only task_images build reads it"):
+        SandboxFactory(SandboxConfig(type="bubblewrap", default_base_image=BASE))
+    with pytest.raises(SandboxError, match="env.sandbox.task_images: build runs task images in podman or bubblewrap "
+                                           "sandboxes, not none"):
+        SandboxFactory(SandboxConfig(type="none", trusted=True, task_images="build"))
+
+
+@needs_builder
+def test_a_cache_below_a_closed_folder_is_refused_for_bubblewrap(open_folder):
+    closed = open_folder / "closed"
+    closed.mkdir(mode=0o700)
+    closed.chmod(0o700)
+    with pytest.raises(SandboxError, match=f"env.sandbox.image_cache: .* is below {closed}, which the sandboxes' users "
+                                           "cannot pass through"):
+        SandboxFactory(SandboxConfig(type="bubblewrap", task_images="build", image_cache=str(closed / "cache")))
+
+
+@pytest.fixture(scope="module")
+def open_folder():
+    """A folder the sandboxes' users may pass through (pytest's own are 0700 as root)."""
+    folder = Path(tempfile.mkdtemp(prefix="dockyard-test-images-", dir="/var/tmp"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def base_image():
+    """The local Debian base (built once per machine by tools/build_base_image.sh, about a minute)."""
+    result = subprocess.run(["bash", str(REPO / "tools" / "build_base_image.sh"), BASE], capture_output=True,
+                            text=True, timeout=900)
+    assert result.returncode == 0, result.stderr
+    return BASE
+
+
+def _factory(kind: str, cache: Path) -> SandboxFactory:
+    return SandboxFactory(SandboxConfig(type=kind, task_images="build", default_base_image=BASE,
+                                        image_cache=str(cache), command_exec_timeout_s=60, max_concurrent=2))
+
+
+@needs_builder
+@pytest.mark.parametrize("kind", ["bubblewrap", "podman"])
+def test_published_dockerfile_semantics_take_effect_and_the_oracle_passes_with_its_tests_run(kind, base_image,
+                                                                                                open_folder):
+    factory = _factory(kind, open_folder / "cache")   # shared by both kinds: one build per task
+    for task in load_tasks(TASKS):
+        image = factory.task_image(task.name, task.dockerfile, task.build_context)
+        assert image.tag.startswith("localhost/dockyard-task:") and (image.rootfs is not None) == (kind == "bubblewrap")
+        assert f"FROM {task.setup.image} built on {BASE}" in image.notes
+        oracle = run_trial(task, factory.create, oracle_agent, image=image)
+        assert oracle.error is None and oracle.reward == 1.0, (oracle.notes, oracle.test_output)
+        assert "PASSED" in oracle.test_output and "failed" not in oracle.test_output   # the tests ran, all passed
+        noop = run_trial(task, factory.create, lambda task, sandbox: "", image=image)
+        assert noop.error is None and noop.reward == 0.0 and "FAILED" in noop.test_output, noop.test_output
+    harbor = load_task(TASKS / "harbor-built")
+    image = factory.task_image(harbor.name, harbor.dockerfile, harbor.build_context)
+    assert not image.built_now and image.seconds < 5   # the second time it comes from the cache
+    sandbox = factory.create(sandbox_spec(harbor, image))
+    try:
+        assert sandbox.workdir == "/app"
+        shown = sandbox.run("echo $LEDGER_DIR; cat readme.txt; tally /data/ledger.csv; stat -c %U /home/alice/notes.txt")
+        lines = shown.output.split()
+        assert lines[:6] == ["/data", "written", "in", "WORKDIR", "by", "RUN"] and lines[6] == "35.0"
+        if kind == "podman":   # bubblewrap's user namespace maps one user: other owners read as nobody
+            assert lines[7] == "alice"   # COPY --chown
+        assert not sandbox.run("touch /opt/tools/made.txt").ok   # the image's files are not the agent's
+    finally:
+        sandbox.destroy()
+
+
+@needs_builder
+def test_a_changed_build_context_builds_anew_and_a_failing_run_line_names_its_step(base_image, tmp_path):
+    task = tmp_path / "task"
+    (task / "environment").mkdir(parents=True)
+    (task / "environment" / "Dockerfile").write_text("FROM ubuntu:24.04\nCOPY v.txt /v.txt\n")
+    (task / "environment" / "v.txt").write_text("1")
+    factory = _factory("podman", tmp_path / "cache")
+    first = factory.task_image("t", task / "environment" / "Dockerfile", task / "environment")
+    (task / "environment" / "v.txt").write_text("2")
+    second = factory.task_image("t", task / "environment" / "Dockerfile", task / "environment")
+    assert first.built_now and second.built_now and first.tag != second.tag
+    (task / "environment" / "Dockerfile").write_text("FROM ubuntu:24.04\nRUN echo about to fail && false\n")
+    with pytest.raises(ImageBuildError, match=r"task t: building .*Dockerfile failed: STEP 2/2: RUN echo about to fail "
+                                              r"&& false .*whole log: .*build.log"):
+        factory.task_image("t", task / "environment" / "Dockerfile", task / "environment")
+
+
+def test_an_unreadable_task_is_a_bad_task_row_and_the_others_still_load(tmp_path):
+    good = tmp_path / "good"
+    (good / "tests").mkdir(parents=True)
+    (good / "task.toml").write_text("[verifier]\ntimeout_sec = 10.0\n")
+    (good / "instruction.md").write_text("Do nothing.\n")
+    (good / "tests" / "test.sh").write_text("echo 1 > /logs/verifier/reward.txt\n")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "task.toml").write_text("[verifier\ntimeout_sec = \n")
+    problems: list[str] = []
+    assert [t.name for t in load_tasks(tmp_path, problems)] == ["good"]
+    assert len(problems) == 1 and problems[0].startswith("bad: ") and "not valid TOML" in problems[0]
+    assert "\n" not in problems[0]
+    with pytest.raises(Exception, match="not valid TOML"):
+        load_tasks(tmp_path)
+
+
+def test_env_check_reports_a_bad_task_and_runs_the_others(tmp_path):
+    shutil.copytree(REPO / "tasks" / "terminal_bench" / "echo-hello", tmp_path / "echo-hello")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "task.yaml").write_text("instruction: [unclosed\n")
+    result = subprocess.run([sys.executable, "-m", "dockyard.cli", "env", "check", "--config",
+                             "grpo_terminal_bench_local.yaml", "--tasks", str(tmp_path), "--agent", "oracle"],
+                            capture_output=True, text=True, timeout=600, cwd=REPO)
+    lines = result.stdout.splitlines()
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert any(line.startswith("BAD TASK broken: ") and "not valid YAML" in line for line in lines), result.stdout
+    assert any(line.startswith("echo-hello") and " 1.00 " in line for line in lines), result.stdout
+
+
+TB1_RUN_TESTS = """#!/bin/bash
+# Terminal-Bench 1's standard run-tests.sh: uv and pytest fetched at test time
+apt-get update
+apt-get install -y curl
+curl -LsSf https://astral.sh/uv/0.7.13/install.sh | sh
+source $HOME/.local/bin/env
+uv venv .tbench-testing
+source .tbench-testing/bin/activate
+uv pip install pytest==8.4.1
+uv run pytest $TEST_DIR/test_outputs.py -rA
+"""
+
+
+def test_env_check_says_when_the_tests_never_ran_and_quotes_why(tmp_path):
+    task = tmp_path / "tasks" / "needs-uv"
+    shutil.copytree(REPO / "tasks" / "terminal_bench" / "echo-hello", task)
+    (task / "run-tests.sh").write_text(TB1_RUN_TESTS)
+    result = subprocess.run([sys.executable, "-m", "dockyard.cli", "env", "check", "--config",
+                             "grpo_terminal_bench_local.yaml", "--tasks", str(task.parent), "--agent", "oracle",
+                             "--logs", str(tmp_path / "logs")], capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert result.returncode == 1, result.stdout + result.stderr
+    row = next(line for line in result.stdout.splitlines() if line.startswith("needs-uv "))
+    assert row.split()[1:3] == ["0.00", "no"]   # reward, tests ran
+    assert "no pytest record: the test harness's output says" in row and "resolve host" in row
+    assert len(row) < 260
+    assert "BROKEN needs-uv [network needed]" in result.stdout
+    log = (tmp_path / "logs" / "needs-uv.log").read_text()
+    assert "uv: command not found" in log and "tests ran: no" in log
