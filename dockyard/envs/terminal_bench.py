@@ -103,26 +103,54 @@ class TerminalBenchEnvironment:
         tasks = load_tasks(source, problems)
         grading = cls.check_settings(cfg.env).get("grading", "same_sandbox")
         factory = SandboxFactory(cfg.env.sandbox or SandboxConfig())
-        images: dict[str, TaskImage | None] = {}
-        failed: dict[str, TrialResult] = {}
-        if factory.images is not None:
-            for number, task in enumerate(tasks, 1):
-                try:
-                    image = images[task.name] = factory.task_image(task.name, task.dockerfile, task.build_context)
-                    if image is not None:
-                        print(f"[{number}/{len(tasks)}] {task.name}: image {'built' if image.built_now else 'cached'} "
-                              f"in {image.seconds:.1f} s", file=out, flush=True)
-                except SandboxError as err:
-                    failed[task.name] = TrialResult(task.name, 0.0, 0.0, error=f"image build: {err}")
-                    print(f"[{number}/{len(tasks)}] {task.name}: image build failed", file=out, flush=True)
+        images, failed = build_images(factory, tasks, out)
 
         def trial(task: TerminalTask) -> TrialResult:
             if task.name in failed:
-                return failed[task.name]
+                return TrialResult(task.name, 0.0, 0.0, error=f"image build: {failed[task.name]}")
             return run_trial(task, factory.create, AGENTS[agent], grading, images.get(task.name))
 
         with ThreadPoolExecutor(max_workers=cfg.env.num_workers) as pool:
             return list(pool.map(trial, tasks)), problems
+
+
+def build_images(factory: SandboxFactory, tasks: list[TerminalTask], out=sys.stderr
+                 ) -> tuple[dict[str, TaskImage | None], dict[str, str]]:
+    """Every task's image, built where missing, one line per task: (images by task, errors by task)."""
+    images: dict[str, TaskImage | None] = {}
+    failed: dict[str, str] = {}
+    if factory.images is None:
+        return images, failed
+    for number, task in enumerate(tasks, 1):
+        try:
+            image = images[task.name] = factory.task_image(task.name, task.dockerfile, task.build_context)
+        except SandboxError as err:
+            failed[task.name] = str(err)
+            print(f"[{number}/{len(tasks)}] {task.name}: image build failed: {' '.join(str(err).split())[:300]}",
+                  file=out, flush=True)
+            continue
+        state = "no Dockerfile" if image is None else \
+            f"{'built' if image.built_now else 'cached'} in {image.seconds:.1f} s ({image.tag})"
+        print(f"[{number}/{len(tasks)}] {task.name}: {state}", file=out, flush=True)
+    return images, failed
+
+
+def build_command(cfg, source: Path, out=sys.stdout) -> int:
+    """`dockyard env build`: every task's image ahead of a run (on a login node, say); exit 1 if one fails."""
+    problems: list[str] = []
+    tasks = load_tasks(source, problems)
+    for problem in problems:
+        print(f"BAD TASK {' '.join(problem.split())}", file=out)
+    sandbox = cfg.env.sandbox or SandboxConfig()
+    if sandbox.task_images != "build":
+        raise SandboxError("env.sandbox.task_images is host (nothing to build); set it to build")
+    factory = SandboxFactory(sandbox)
+    started = time.monotonic()
+    images, failed = build_images(factory, tasks, out)
+    built = sum(1 for image in images.values() if image is not None and image.built_now)
+    print(f"{len(tasks)} tasks: {built} built, {len(images) - built} cached or without a Dockerfile, {len(failed)} "
+          f"failed, in {time.monotonic() - started:.1f} s (cache: {factory.images.cache_dir})", file=out)
+    return 1 if failed or problems else 0
 
 
 class ShellEpisode:

@@ -215,3 +215,23 @@ def test_env_check_says_when_the_tests_never_ran_and_quotes_why(tmp_path):
     assert "BROKEN needs-uv [network needed]" in result.stdout
     log = (tmp_path / "logs" / "needs-uv.log").read_text()
     assert "uv: command not found" in log and "tests ran: no" in log
+
+
+@needs_builder
+def test_env_build_builds_ahead_of_a_run_and_then_finds_everything_cached(base_image, open_folder):
+    def build():
+        return subprocess.run([sys.executable, "-m", "dockyard.cli", "env", "build", "--config",
+                               "grpo_terminal_bench_local.yaml", "--tasks", str(TASKS), "env.sandbox.task_images=build",
+                               f"env.sandbox.default_base_image={BASE}", f"env.sandbox.image_cache={open_folder}/cache"],
+                              capture_output=True, text=True, timeout=900, cwd=REPO)
+
+    first = build()
+    assert first.returncode == 0, first.stdout + first.stderr
+    second = build()
+    assert second.returncode == 0 and "2 tasks: 0 built, 2 cached" in second.stdout, second.stdout
+    assert [line.split(": ")[1].split()[0] for line in second.stdout.splitlines() if line.startswith("[")] == \
+        ["cached", "cached"]
+    host = subprocess.run([sys.executable, "-m", "dockyard.cli", "env", "build", "--config",
+                           "grpo_terminal_bench_local.yaml", "--tasks", str(TASKS)],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert host.returncode == 2 and "env.sandbox.task_images is host (nothing to build)" in host.stderr
