@@ -130,7 +130,7 @@ def cmd_env_build(ns: argparse.Namespace) -> int:
     if loaded is None:
         return EXIT_CONFIG
     try:
-        return build_command(loaded.config, task_source(loaded.config, ns.tasks))
+        return build_command(loaded.config, task_source(loaded.config, ns.tasks), rebuild=ns.rebuild)
     except (TaskFormatError, SandboxError) as err:
         print(f"dockyard env build: {err}", file=sys.stderr)
         return EXIT_CONFIG
@@ -255,6 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(env_build)
     env_build.add_argument("--tasks", metavar="DIR|JSONL", help="task folder(s) or jsonl index "
                            "(default: the config's first data.datasets path)")
+    env_build.add_argument("--rebuild", action="store_true", help="build every image again from nothing "
+                           "(no cached layer: a base or a package index that changed is taken up)")
     env_build.add_argument("overrides", nargs="*", metavar="OVERRIDE", help="Hydra overrides")
     env_build.set_defaults(func=cmd_env_build)
     env_serve = env.add_parser("serve-swe", help="score SWE patches here for runs elsewhere (their "

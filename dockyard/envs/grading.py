@@ -334,6 +334,22 @@ def unchanged_check(sandbox: Sandbox, placed: dict[str, str]) -> Callable[[str],
     return unchanged
 
 
+def copied_unchanged(sandbox: Sandbox, placed: dict[str, str]) -> Callable[[str], bool]:
+    """Whether an inside path holds exactly what dockyard placed there, read back out of the sandbox
+    (for folders without a host copy, e.g. the verifier's writable /tests in podman)."""
+    def unchanged(inside: str) -> bool:
+        inside = os.path.normpath(inside)
+        if inside not in placed:
+            return False
+        with tempfile.TemporaryDirectory() as folder:
+            try:
+                sandbox.copy_out(inside, Path(folder) / "file")
+            except SandboxError:
+                return False
+            return _sha256(os.path.join(folder, "file")) == placed[inside]
+    return unchanged
+
+
 def _shadowing_inside(sandbox: Sandbox, placed: dict[str, str], limit: int) -> list[str]:
     """The same, found by a `find` in the sandbox (a kind whose workspace is not a host folder)."""
     names = " -o ".join(f"-name {shlex.quote(n)}" for n in sorted(SHADOW_FILES) + ["*.pth"])

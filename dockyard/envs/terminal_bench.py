@@ -114,7 +114,7 @@ class TerminalBenchEnvironment:
             return list(pool.map(trial, tasks)), problems
 
 
-def build_images(factory: SandboxFactory, tasks: list[TerminalTask], out=sys.stderr
+def build_images(factory: SandboxFactory, tasks: list[TerminalTask], out=sys.stderr, rebuild: bool = False
                  ) -> tuple[dict[str, TaskImage | None], dict[str, str]]:
     """Every task's image, built where missing, one line per task: (images by task, errors by task)."""
     images: dict[str, TaskImage | None] = {}
@@ -123,7 +123,7 @@ def build_images(factory: SandboxFactory, tasks: list[TerminalTask], out=sys.std
         return images, failed
     for number, task in enumerate(tasks, 1):
         try:
-            image = images[task.name] = factory.task_image(task.name, task.dockerfile, task.build_context)
+            image = images[task.name] = factory.task_image(task.name, task.dockerfile, task.build_context, rebuild)
         except SandboxError as err:
             failed[task.name] = str(err)
             print(f"[{number}/{len(tasks)}] {task.name}: image build failed: {' '.join(str(err).split())[:300]}",
@@ -135,8 +135,9 @@ def build_images(factory: SandboxFactory, tasks: list[TerminalTask], out=sys.std
     return images, failed
 
 
-def build_command(cfg, source: Path, out=sys.stdout) -> int:
-    """`dockyard env build`: every task's image ahead of a run (on a login node, say); exit 1 if one fails."""
+def build_command(cfg, source: Path, out=sys.stdout, rebuild: bool = False) -> int:
+    """`dockyard env build`: every task's image ahead of a run (on a login node, say), or again from
+    nothing with `rebuild`; exit 1 if one fails."""
     problems: list[str] = []
     tasks = load_tasks(source, problems)
     for problem in problems:
@@ -146,7 +147,7 @@ def build_command(cfg, source: Path, out=sys.stdout) -> int:
         raise SandboxError("env.sandbox.task_images is host (nothing to build); set it to build")
     factory = SandboxFactory(sandbox)
     started = time.monotonic()
-    images, failed = build_images(factory, tasks, out)
+    images, failed = build_images(factory, tasks, out, rebuild)
     built = sum(1 for image in images.values() if image is not None and image.built_now)
     print(f"{len(tasks)} tasks: {built} built, {len(images) - built} cached or without a Dockerfile, {len(failed)} "
           f"failed, in {time.monotonic() - started:.1f} s (cache: {factory.images.cache_dir})", file=out)

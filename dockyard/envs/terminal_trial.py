@@ -3,8 +3,9 @@ task's own tests, which decide the reward.
 
 The order matters for honesty (grading.py has the rest): the sandbox is handed over first (the
 agent's shells closed, every process it started gone for certain, the workspace the verifier's
-user's); the tests are copied only then, into /tests, read-only, with a fresh /logs/verifier of the
-verifier's, and they run in the verifier's environment; the grade is read once every process they
+user's); the tests are copied only then, into /tests (then the verifier's to write, as published test
+scripts expect; only the task's own files there count as pytest plugins or conftests), with a fresh
+/logs/verifier of the verifier's, and they run in the verifier's environment; the grade is read once every process they
 started is gone. With `grading: fresh_sandbox` (an extra key of terminal_bench) the tests run in a
 new sandbox built from the task that receives only the agent's workspace. The oracle agent alone gets
 the task's solution, in /solution, read-only.
@@ -21,7 +22,7 @@ from typing import Callable
 
 import yaml
 
-from dockyard.envs.grading import (Grade, foreign_plugins, harness_failure, new_plugin_name, pytest_grade, read_records,
+from dockyard.envs.grading import (Grade, copied_unchanged, foreign_plugins, harness_failure, new_plugin_name, pytest_grade, read_records,
                                    reward_file,
                                    shadowing_files, task_placed, unchanged_check, verifier_env, verifier_files)
 from dockyard.envs.terminal_tasks import TerminalTask
@@ -112,6 +113,7 @@ def verify(task: TerminalTask, sandbox: Sandbox) -> Grade:
                               plugin=plugin)
     with tempfile.TemporaryDirectory() as scratch:
         sandbox.place([(source, target, True) for source, target in task.tests] + verifier_files(Path(scratch), plugin))
+    sandbox.open_to_verifier("/tests")   # published test scripts write there (`uv venv`, score files)
     result = sandbox.run(task.test_command, timeout_s=task.test_timeout_s, env={**env, "TEST_DIR": "/tests"},
                          replace_env=True)
     sandbox.end_processes()   # whatever the tests started is gone before anything is read
@@ -120,18 +122,25 @@ def verify(task: TerminalTask, sandbox: Sandbox) -> Grade:
         return Grade(0.0, output + f"\n[tests timed out after {task.test_timeout_s:.0f} s]", None, suspicious, notes)
     records, problems = read_records(sandbox)
     tests_ran = "pytest" if records else "no"
+    # /tests was the verifier's to write: a plugin, conftest.py or configuration file pytest used from
+    # there counts only if it is one of the task's own test files, as copied
+    own_tests = copied_unchanged(sandbox, task_placed(task.tests))
+    writable = [*sandbox.agent_writable(), "/tests"]
+
+    def trusted(path: str) -> bool:
+        return unchanged(path) or own_tests(path)
     if task.layout == "harbor":
         reward, why, error = reward_file(sandbox, *task.reward_range)
         if not records and not why.startswith("the tests wrote no"):
             tests_ran = "reward file"
-        foreign = foreign_plugins(records, sandbox.agent_writable(), ["/tests"], unchanged)
+        foreign = foreign_plugins(records, writable, ["/tests"], trusted)
         if foreign and not error:   # the reward came from tests an agent's plugin could have rewritten
             why = error = ("pytest used a plugin, conftest.py or configuration file the agent could have written: "
                            f"{', '.join(foreign[:5])}")
             reward = 0.0
     else:
-        resolved, why, error = pytest_grade(records, problems, bool(_PYTEST_RESULT.search(output)),
-                                            sandbox.agent_writable(), ["/tests"], unchanged)
+        resolved, why, error = pytest_grade(records, problems, bool(_PYTEST_RESULT.search(output)), writable,
+                                            ["/tests"], trusted)
         reward = 1.0 if resolved else 0.0
     if not records:   # the harness may have died before its tests: say where, as its output does
         failure = harness_failure(output)

@@ -50,7 +50,7 @@ class ApptainerSandbox(HostFolderSandbox):
         for key, value in env.items():
             command += ["--env", f"{key}={value}"]
         for inside, host in sorted(self.mounts.items()):
-            command += ["--bind", f"{host}:{inside}" + (":ro" if inside in self.read_only else "")]
+            command += ["--bind", f"{host}:{inside}" + ("" if self.writable_mount(inside) else ":ro")]
         return [*self.user_and_limits(), *command, self.image, *argv]
 
 
@@ -90,7 +90,7 @@ class EnrootSandbox(HostFolderSandbox):
         for key, value in env.items():
             command += ["--env", f"{key}={value}"]
         for inside, host in sorted(self.mounts.items()):
-            command += ["--mount", f"{host}:{inside}:x-create=dir,bind" + (",ro" if inside in self.read_only else "")]
+            command += ["--mount", f"{host}:{inside}:x-create=dir,bind" + ("" if self.writable_mount(inside) else ",ro")]
         # enroot start has no working-directory flag: the command starts there itself
         return [*self.user_and_limits(), *command, self.container, "sh", "-c", 'cd "$1" && shift && exec "$@"',
                 "enroot-start", cwd or self.workdir, *argv]

@@ -269,6 +269,17 @@ class Sandbox(abc.ABC):
         self._become_verifier()
         self.role = "verifier"
 
+    def open_to_verifier(self, folder: str) -> None:
+        """After hand_over: a top-level folder placed read-only for the verifier (the task's /tests)
+        becomes the verifier's to write, as published test scripts expect (`uv venv` in /tests, a score
+        file beside the tests). It stays out of agent_writable(): the agent never had it."""
+        if self.role != "verifier":
+            raise SandboxError(f"{self.spec.name}: {folder} can be opened to the verifier only after hand_over")
+        self._open_to_verifier(folder)
+
+    def _open_to_verifier(self, folder: str) -> None:
+        """Where the verifier is the files' owner anyway (type none), nothing to do."""
+
     def place(self, entries: list[tuple[Path, str, bool]]) -> None:
         """Several copy_in(source, target, read_only) at once (a backend where each copy is a round trip
         batches them)."""

@@ -69,7 +69,7 @@ class BubblewrapSandbox(HostFolderSandbox):
         bwrap += ["--dev", "/dev", "--size", str(self.limits.shm_mb * mb), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
                   "--proc", "/proc", "--size", str(self.limits.tmp_mb * mb), "--tmpfs", "/tmp"]
         for inside, host in sorted(self.mounts.items()):
-            bwrap += ["--ro-bind" if inside in self.read_only else "--bind", str(host), inside]
+            bwrap += ["--bind" if self.writable_mount(inside) else "--ro-bind", str(host), inside]
         bwrap += ["--remount-ro", "/", "--chdir", cwd or self.workdir]
         for key, value in env.items():
             bwrap += ["--setenv", key, value]

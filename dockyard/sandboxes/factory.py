@@ -77,11 +77,13 @@ class SandboxFactory:
         return ImageBuilder(config.base_images, config.default_base_image, config.image_cache,
                             export_rootfs=config.type == "bubblewrap")
 
-    def task_image(self, name: str, dockerfile: Path | None, context: Path | None) -> TaskImage | None:
-        """The task's built image (built now if missing), or None when images are not built."""
+    def task_image(self, name: str, dockerfile: Path | None, context: Path | None,
+                   rebuild: bool = False) -> TaskImage | None:
+        """The task's built image (built now if missing, or again with `rebuild`), or None when images
+        are not built."""
         if self.images is None or dockerfile is None:
             return None
-        return self.images.image_for(name, dockerfile, context or dockerfile.parent)
+        return self.images.image_for(name, dockerfile, context or dockerfile.parent, rebuild)
 
     def create(self, spec: SandboxSpec) -> Sandbox:
         if not spec.workdir:

@@ -93,6 +93,7 @@ class HostFolderSandbox(Sandbox):
         self._namespaces: dict[int, str] = {}      # host pid of a command -> the pid namespace it runs in
         self.mounts: dict[str, Path] = {}          # top-level inside folder -> host folder
         self.read_only: set[str] = set()           # mounts the sandbox's user does not own
+        self.verifier_owned: set[str] = set()      # read-only mounts handed to the verifier to write (/tests)
         try:
             if as_root:
                 mount_tmpfs(self.host_root, limits)
@@ -168,6 +169,19 @@ class HostFolderSandbox(Sandbox):
 
     def writable_host_folders(self) -> dict[str, Path]:
         return {inside: host for inside, host in self.mounts.items() if inside not in self.read_only}
+
+    def _open_to_verifier(self, folder: str) -> None:
+        host = self.mounts.get(folder)
+        if host is None or folder not in self.read_only:
+            raise SandboxError(f"{self.spec.name}: {folder} is not a read-only folder placed for the verifier")
+        if self.lease:
+            host_paths.chown_tree(host, (self.uid, self.gid))
+        subprocess.run(["chmod", "-R", "u+w", str(host)], check=True, capture_output=True, timeout=600)
+        self.verifier_owned.add(folder)
+
+    def writable_mount(self, inside: str) -> bool:
+        """Whether commands get `inside` read-write: the agent's folders, and those opened to the verifier."""
+        return inside not in self.read_only or inside in self.verifier_owned
 
     # --- commands ---------------------------------------------------------------------------
 

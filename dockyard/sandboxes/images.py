@@ -330,11 +330,12 @@ class ImageBuilder:
                     "runc catatonit`), or set it to host")
         return None
 
-    def image_for(self, name: str, dockerfile: Path, context: Path) -> TaskImage:
+    def image_for(self, name: str, dockerfile: Path, context: Path, rebuild: bool = False) -> TaskImage:
+        """The task's image, built if missing; `rebuild`: built again from nothing (no layer reused)."""
         with self._lock:
-            return self._image_for(name, dockerfile, context)
+            return self._image_for(name, dockerfile, context, rebuild)
 
-    def _image_for(self, name: str, dockerfile: Path, context: Path) -> TaskImage:
+    def _image_for(self, name: str, dockerfile: Path, context: Path, rebuild: bool) -> TaskImage:
         started = time.monotonic()
         try:
             text = dockerfile.read_text()
@@ -345,16 +346,18 @@ class ImageBuilder:
         key = cache_key(rewritten, context, [image_id(choice.used) for choice in choices])
         tag = f"{TAG_PREFIX}:{key}"
         folder = self.cache_dir / key
-        built_now = not in_store(tag)
+        built_now = rebuild or not in_store(tag)
         if built_now:
-            self._build(name, rewritten, dockerfile, context, tag, folder)
+            (folder / "rootfs.complete").unlink(missing_ok=True)
+            self._build(name, rewritten, dockerfile, context, tag, folder, rebuild)
         workdir, env, user = image_config(tag)
         rootfs = self._rootfs(tag, folder) if self.export_rootfs else None
         notes = [f"FROM {c.asked} built on {c.used}" for c in choices if c.asked != c.used]
         notes.append(f"image {'built' if built_now else 'cached'} ({key})")
         return TaskImage(tag, key, workdir, env, user, rootfs, notes, built_now, time.monotonic() - started)
 
-    def _build(self, name: str, rewritten: str, dockerfile: Path, context: Path, tag: str, folder: Path) -> None:
+    def _build(self, name: str, rewritten: str, dockerfile: Path, context: Path, tag: str, folder: Path,
+               no_cache: bool) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         folder.chmod(0o755)
         log = folder / "build.log"
@@ -364,7 +367,7 @@ class ImageBuilder:
         try:
             with open(log, "w") as out:
                 result = subprocess.run([*PODMAN, "build", "--pull=never", "--network=host", *BUILD_ULIMITS, *volumes,
-                                         "--layers", "-t", tag, "-f", written.name, str(context)],
+                                         "--layers", *(["--no-cache"] if no_cache else []), "-t", tag, "-f", written.name, str(context)],
                                         stdout=out, stderr=subprocess.STDOUT, timeout=BUILD_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             raise ImageBuildError(f"task {name}: building {dockerfile} took over {BUILD_TIMEOUT_S:.0f} s (log: {log})") \

@@ -230,6 +230,9 @@ class PodmanSandbox(Sandbox):
         self.uid = self.verifier_lease.uid
         self._own_workdir(self.uid)
 
+    def _open_to_verifier(self, folder: str) -> None:
+        self._exec_root(f"chown -R {self.uid}:{self.uid} {_q(folder)} && chmod -R u+w {_q(folder)}")
+
     def writable_host_folders(self) -> dict[str, Path]:
         return {self.workdir: self.workspace} if self.workspace is not None else {}
 

@@ -30,6 +30,7 @@ LEFT_BEHIND = {"shadow-pytest-module": "/app/pytest.py", "shadow-pytest-package"
                "sitecustomize-on-pythonpath": "/app/lib/sitecustomize.py", "interpreter-on-path": "/app/bin/python3",
                "entry-point-plugin": "passall-1.0.dist-info/entry_points.txt", "ini-file-in-workspace": "/app/pytest.ini"}
 VERIFIER_ERRORS = {"conftest-rewrites-reports": "configuration file the agent could have written: /app/conftest.py",
+                   "conftest-planted-in-tests": "configuration file the agent could have written: /tests/conftest.py",
                    "reward-out-of-range": "holds 333333333.3333333, outside the task's reward range [0, 1]",
                    "reward-nan": "holds nan, outside"}
 
@@ -63,7 +64,7 @@ def test_every_attack_scores_zero_and_every_honest_twin_one(kind, tmp_path):
         return output
 
     tasks = load_tasks(ATTACKS)
-    assert len(tasks) == 12
+    assert len(tasks) == 13
     for task in tasks:
         attacked = run_trial(task, factory.create, oracle_then_look)
         assert attacked.error is None and attacked.reward == 0.0, (task.name, attacked.test_output[-800:])
