@@ -64,6 +64,8 @@ class BubblewrapSandbox(HostFolderSandbox):
                  "--new-session", "--cap-drop", "ALL", "--clearenv",
                  *(["--info-fd", str(info_fd)] if info_fd is not None else [])]
         bwrap += self._image_root() if self.spec.rootfs else self._host_view()
+        for inside, host in self.user_files.items():
+            bwrap += ["--ro-bind", str(host), inside]
         if self.network:
             bwrap += ["--ro-bind", str(self.network.resolv), "/etc/resolv.conf"]
         bwrap += ["--dev", "/dev", "--size", str(self.limits.shm_mb * mb), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",

@@ -35,7 +35,7 @@ from dockyard.sandboxes.cgroups import SandboxCgroup
 from dockyard.sandboxes.network import UserNetwork
 from dockyard.sandboxes.owners import owner_token
 from dockyard.sandboxes.processes import any_of, end_processes, in_pid_namespaces, of_user
-from dockyard.sandboxes.users import UidLease, uid_range
+from dockyard.sandboxes.users import UidLease, uid_range, with_user_entries
 
 FOLDER_PREFIX = "dockyard-sandbox-"
 SYSTEM_FOLDERS = ("/usr", "/etc", "/proc", "/dev", "/tmp", "/bin", "/lib", "/lib64", "/sbin")
@@ -94,6 +94,7 @@ class HostFolderSandbox(Sandbox):
         self.mounts: dict[str, Path] = {}          # top-level inside folder -> host folder
         self.read_only: set[str] = set()           # mounts the sandbox's user does not own
         self.verifier_owned: set[str] = set()      # read-only mounts handed to the verifier to write (/tests)
+        self.user_files: dict[str, Path] = {}      # /etc/passwd, /etc/group with the sandbox's users (as root)
         try:
             if as_root:
                 mount_tmpfs(self.host_root, limits)
@@ -106,6 +107,8 @@ class HostFolderSandbox(Sandbox):
                 self.cgroup = SandboxCgroup.create(self.host_root.name, limits.sandbox_memory_mb * 1024 * 1024)
             if spec.network:
                 self.network = UserNetwork(spec.name)
+            if self.lease:
+                self._write_user_files()
             workspace = self._mount(self.workdir)
             if spec.rootfs is not None:   # a built image's files at the working directory are the agent's
                 image_files = Path(spec.rootfs) / self.workdir.lstrip("/")
@@ -170,6 +173,26 @@ class HostFolderSandbox(Sandbox):
     def writable_host_folders(self) -> dict[str, Path]:
         return {inside: host for inside, host in self.mounts.items() if inside not in self.read_only}
 
+    def _write_user_files(self) -> None:
+        """/etc/passwd and /etc/group as the sandbox's root has them (the image's or this machine's),
+        with an entry for each of the sandbox's users; bound over the originals on every command."""
+        root = Path(self.spec.rootfs) if self.spec.rootfs else Path("/")
+        texts = []
+        for name in ("passwd", "group"):
+            try:
+                texts.append((root / "etc" / name).read_text(errors="replace"))
+            except OSError:
+                texts.append("")
+        users = [("sandbox", self.lease.uid, self.workdir)]
+        if self.verifier_lease:
+            users.append(("verifier", self.verifier_lease.uid, "/"))
+        for name, text in zip(("passwd", "group"), with_user_entries(*texts, users)):
+            path = self.host_root / f"etc-{name}"
+            with open(path, "w") as out:   # in place: a bind of the file sees the new text
+                out.write(text)
+            path.chmod(0o644)
+            self.user_files[f"/etc/{name}"] = path
+
     def _open_to_verifier(self, folder: str) -> None:
         host = self.mounts.get(folder)
         if host is None or folder not in self.read_only:
@@ -222,6 +245,7 @@ class HostFolderSandbox(Sandbox):
             return   # a normal user has no second user id to give the verifier (docs/agents.md)
         self.verifier_lease = UidLease(*self.uids)
         self.uid = self.gid = self.verifier_lease.uid
+        self._write_user_files()
         for mount, host in self.mounts.items():
             if mount not in self.read_only:
                 host_paths.chown_tree(host, (self.uid, self.gid))

@@ -42,7 +42,7 @@ from dockyard.sandboxes.host_folders import give_verifier_room, mount_tmpfs, unm
 from dockyard.sandboxes.network import UserNetwork
 from dockyard.sandboxes.owners import owner_token
 from dockyard.sandboxes.processes import end_processes, of_user
-from dockyard.sandboxes.users import UidLease, uid_range
+from dockyard.sandboxes.users import UidLease, uid_range, with_user_entries
 
 PODMAN = ["podman", "--runtime", "runc"]   # crun is not in every distribution's podman; runc is
 OWNER_LABEL = "dockyard.owner"
@@ -106,7 +106,11 @@ class PodmanSandbox(Sandbox):
                 host_paths.chown_tree(self.workspace, (self.uid, self.uid))
             if spec.network:
                 self.network = UserNetwork(spec.name)
+            if self.as_root and not self.image:   # the host view's /etc is read-only: the entries are bound over it
+                self._write_host_user_files()
             self._start()
+            if self.as_root and self.image:
+                self._add_user_entries()
             setup = [] if self.workspace else [f"mkdir -p {_q(self.workdir)} && chown {self.uid}:{self.uid} {_q(self.workdir)}"]
             if self.image:   # other folders of the image that everyone may write would be unbounded
                 setup.append("find / -xdev -type d -perm -0002 ! -path /tmp ! -path /var/tmp ! -path '/proc/*' "
@@ -125,6 +129,35 @@ class PodmanSandbox(Sandbox):
         except BaseException:
             self.destroy()
             raise
+
+    def _users(self) -> list[tuple[str, int, str]]:
+        users = [("sandbox", self.lease.uid, self.workdir)]
+        if self.verifier_lease:
+            users.append(("verifier", self.verifier_lease.uid, "/"))
+        return users
+
+    def _write_host_user_files(self) -> None:
+        texts = [Path("/etc", name).read_text(errors="replace") for name in ("passwd", "group")]
+        for name, text in zip(("passwd", "group"), with_user_entries(*texts, self._users())):
+            path = self.host_root / f"etc-{name}"
+            with open(path, "w") as out:   # in place: the container's bind of the file sees the new text
+                out.write(text)
+            path.chmod(0o644)
+
+    def _add_user_entries(self) -> None:
+        """The image's /etc/passwd and /etc/group with the sandbox's users added (whoami, getpass)."""
+        if not self.image:
+            self._write_host_user_files()
+            return
+        texts = [self._exec_root(f"cat /etc/{name} 2>/dev/null; true").stdout.decode(errors="replace")
+                 for name in ("passwd", "group")]
+        for name, text in zip(("passwd", "group"), with_user_entries(*texts, self._users())):
+            result = subprocess.run([*PODMAN, "exec", "-i", "--user", "0", self.name, "sh", "-c",
+                                     f"cat > /etc/{name}.dockyard && mv /etc/{name}.dockyard /etc/{name}"],
+                                    input=text.encode(), capture_output=True, timeout=60)
+            if result.returncode != 0:
+                raise SandboxError(f"{self.spec.name}: could not add the sandbox's users to /etc/{name}: "
+                                   f"{result.stderr.decode(errors='replace')[-200:]}")
 
     def _copy_image_workdir(self) -> None:
         """The image's files at the working directory, into the workspace that is bound over it."""
@@ -168,7 +201,9 @@ class PodmanSandbox(Sandbox):
             for link in ("bin", "lib", "lib64", "sbin"):
                 if os.path.islink("/" + link):
                     (self.root_dir / link).symlink_to(os.readlink("/" + link))
-            command = [*common, "-v", "/usr:/usr:ro", "-v", "/etc:/etc:ro", "--rootfs", f"{self.root_dir}:O",
+            users = [] if self.host_root is None else \
+                ["-v", f"{self.host_root}/etc-passwd:/etc/passwd:ro", "-v", f"{self.host_root}/etc-group:/etc/group:ro"]
+            command = [*common, "-v", "/usr:/usr:ro", "-v", "/etc:/etc:ro", *users, "--rootfs", f"{self.root_dir}:O",
                        "sleep", "infinity"]
         result = subprocess.run([*PODMAN, *command], capture_output=True, timeout=120)
         if result.returncode != 0:
@@ -229,6 +264,7 @@ class PodmanSandbox(Sandbox):
         self.verifier_lease = UidLease(*self.uids)
         self.uid = self.verifier_lease.uid
         self._own_workdir(self.uid)
+        self._add_user_entries()
 
     def _open_to_verifier(self, folder: str) -> None:
         self._exec_root(f"chown -R {self.uid}:{self.uid} {_q(folder)} && chmod -R u+w {_q(folder)}")

@@ -93,3 +93,33 @@ class UidLease:
 
     def release(self) -> None:
         self._handle.close()
+
+
+# --- names for the sandboxes' users inside (whoami, getpass, ssh-keygen and `ls -l` need one) ---
+
+def with_user_entries(passwd: str, group: str, users: list[tuple[str, int, str]]) -> tuple[str, str]:
+    """/etc/passwd and /etc/group texts with an entry for each (name, uid, home) whose id they lack; a
+    name taken by another id gets the id appended (`sandbox-200001`)."""
+    def ids_and_names(text: str) -> tuple[set[int], set[str]]:
+        ids, names = set(), set()
+        for line in text.splitlines():
+            fields = line.split(":")
+            if len(fields) >= 3 and fields[2].isdigit():
+                ids.add(int(fields[2]))
+                names.add(fields[0])
+        return ids, names
+
+    passwd_ids, passwd_names = ids_and_names(passwd)
+    group_ids, group_names = ids_and_names(group)
+    passwd, group = passwd.rstrip("\n") + "\n" if passwd.strip() else "", group.rstrip("\n") + "\n" if group.strip() else ""
+    for name, uid, home in users:
+        chosen = name if name not in passwd_names | group_names else f"{name}-{uid}"
+        if uid not in passwd_ids:
+            passwd += f"{chosen}:x:{uid}:{uid}:dockyard sandbox:{home}:/bin/bash\n"
+            passwd_ids.add(uid)
+            passwd_names.add(chosen)
+        if uid not in group_ids:
+            group += f"{chosen}:x:{uid}:\n"
+            group_ids.add(uid)
+            group_names.add(chosen)
+    return passwd, group

@@ -2,6 +2,7 @@
 with podman on a local Debian base (tools/build_base_image.sh), cached, and run in both sandboxes."""
 
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -130,11 +131,13 @@ def test_published_dockerfile_semantics_take_effect_and_the_oracle_passes_with_i
     sandbox = factory.create(sandbox_spec(harbor, image))
     try:
         assert sandbox.workdir == "/app"
-        shown = sandbox.run("echo $LEDGER_DIR; cat readme.txt; tally /data/ledger.csv; stat -c %U /home/alice/notes.txt")
+        shown = sandbox.run("echo $LEDGER_DIR; cat readme.txt; tally /data/ledger.csv; stat -c %U /home/alice/notes.txt; "
+                            "whoami; grep -c '^alice:' /etc/passwd")
         lines = shown.output.split()
         assert lines[:6] == ["/data", "written", "in", "WORKDIR", "by", "RUN"] and lines[6] == "35.0"
         if kind == "podman":   # bubblewrap's user namespace maps one user: other owners read as nobody
             assert lines[7] == "alice"   # COPY --chown
+        assert lines[8:] == ["sandbox", "1"]   # the image's users, and a name for the sandbox's own
         assert not sandbox.run("touch /opt/tools/made.txt").ok   # the image's files are not the agent's
     finally:
         sandbox.destroy()
@@ -145,12 +148,14 @@ def test_a_changed_build_context_builds_anew_and_a_failing_run_line_names_its_st
     task = tmp_path / "task"
     (task / "environment").mkdir(parents=True)
     (task / "environment" / "Dockerfile").write_text("FROM ubuntu:24.04\nCOPY v.txt /v.txt\n")
-    (task / "environment" / "v.txt").write_text("1")
+    nonce = secrets.token_hex(8)   # contents never built before on this machine
+    (task / "environment" / "v.txt").write_text(f"{nonce} 1")
     factory = _factory("podman", tmp_path / "cache")
     first = factory.task_image("t", task / "environment" / "Dockerfile", task / "environment")
-    (task / "environment" / "v.txt").write_text("2")
+    (task / "environment" / "v.txt").write_text(f"{nonce} 2")
     second = factory.task_image("t", task / "environment" / "Dockerfile", task / "environment")
     assert first.built_now and second.built_now and first.tag != second.tag
+    subprocess.run(["podman", "rmi", "-f", first.tag, second.tag], capture_output=True)   # one-off images
     (task / "environment" / "Dockerfile").write_text("FROM ubuntu:24.04\nRUN echo about to fail && false\n")
     with pytest.raises(ImageBuildError, match=r"task t: building .*Dockerfile failed: STEP 2/2: RUN echo about to fail "
                                               r"&& false .*whole log: .*build.log"):

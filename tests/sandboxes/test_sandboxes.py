@@ -49,6 +49,16 @@ def test_files_workdir_and_a_clean_environment(sandbox, monkeypatch):
     assert "HOME=/app" in lines
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="as a normal user the commands run as that user, who has a name")
+def test_the_sandboxes_users_have_names_for_whoami_getpass_and_ls(sandbox):
+    shown = sandbox.run("whoami; python3 -c 'import getpass, pwd, os; print(getpass.getuser(), "
+                        "pwd.getpwuid(os.getuid()).pw_dir)'; id -gn; stat -c %U .")
+    assert shown.ok and shown.output.split() == ["sandbox", "sandbox", "/app", "sandbox", "sandbox"], shown.output
+    assert sandbox.run("grep -c '^root:' /etc/passwd").output.strip() == "1"   # the rest of the file is kept
+    sandbox.hand_over()
+    assert sandbox.run("whoami; stat -c %U .").output.split() == ["verifier", "verifier"]
+
+
 def test_no_network(sandbox):
     result = sandbox.run("python3 -c 'import socket; socket.create_connection((\"1.1.1.1\", 80), timeout=3)'")
     assert result.exit_code != 0 and "Network is unreachable" in result.output
