@@ -10,8 +10,11 @@ env.sandbox.command_exec_timeout_s), and at the end the task's tests (terminal_t
 agent's time is the task's max_agent_timeout_sec, at most env.task_timeout_s.
 
 Extra env keys: `tool_format` (auto | hermes | plain, see dockyard/agents/tool_format.py),
-`max_output_chars` (how much of a command's output the model sees; 4000) and `grading`
-(same_sandbox | fresh_sandbox: where the tests run, see terminal_trial.py and docs/agents.md).
+`max_output_chars` (how much of a command's output the model sees; 4000), `grading`
+(same_sandbox | fresh_sandbox: where the tests run, see terminal_trial.py and docs/agents.md),
+`verifier_allow_internet` (the tests get the network, never the agent; false) and
+`allow_internet_default` (the agent's network for a task whose layout has no `allow_internet`, as
+Terminal-Bench 1's; false).
 An episode reports what in its workspace shadows test machinery (`suspicious`) and a verifier
 error (`verifier_error`); the rollouts count both per step.
 """
@@ -28,13 +31,13 @@ from dockyard.agents.tool_format import TERMINAL_TOOLS, Action
 from dockyard.config.schema.env import EnvConfig, SandboxConfig
 from dockyard.data.datasets import Prompt
 from dockyard.envs.terminal_tasks import TaskFormatError, TerminalTask, load_task, load_tasks
-from dockyard.envs.terminal_trial import (AGENTS, GRADINGS, TrialResult, regrade_sandbox, run_trial, sandbox_spec,
-                                          setup_notes, verify)
+from dockyard.envs.terminal_trial import (AGENTS, GRADINGS, NetworkPolicy, TrialResult, grading_sandbox, run_trial,
+                                          sandbox_spec, setup_notes, verify)
 from dockyard.sandboxes.base import Sandbox, SandboxError
 from dockyard.sandboxes.factory import SandboxFactory
 from dockyard.sandboxes.images import TaskImage
 
-KNOWN_EXTRA = {"tool_format", "max_output_chars", "grading"}
+KNOWN_EXTRA = {"tool_format", "max_output_chars", "grading", "allow_internet_default", "verifier_allow_internet"}
 
 
 class TerminalBenchEnvironment:
@@ -53,7 +56,16 @@ class TerminalBenchEnvironment:
             raise ValueError(f"env.{unknown[0]}: not a terminal_bench setting (known: {', '.join(sorted(KNOWN_EXTRA))})")
         if extra.get("grading", "same_sandbox") not in GRADINGS:
             raise ValueError(f"env.grading: {extra['grading']!r} is not one of {', '.join(GRADINGS)}")
+        for key in ("allow_internet_default", "verifier_allow_internet"):
+            if not isinstance(extra.get(key, False), bool):
+                raise ValueError(f"env.{key}: must be true or false, got {extra[key]!r}")
         return extra
+
+    @classmethod
+    def network_policy(cls, config: EnvConfig) -> NetworkPolicy:
+        extra = cls.check_settings(config)
+        return NetworkPolicy(agent_default=extra.get("allow_internet_default", False),
+                             verifier=extra.get("verifier_allow_internet", False))
 
     def __init__(self, config: EnvConfig):
         extra = self.check_settings(config)
@@ -61,6 +73,7 @@ class TerminalBenchEnvironment:
         self.tool_format = str(extra.get("tool_format", "auto"))
         self.max_output_chars = int(extra.get("max_output_chars", 4000))
         self.grading = str(extra.get("grading", "same_sandbox"))
+        self.network = self.network_policy(config)
         self.sandboxes = SandboxFactory(config.sandbox or SandboxConfig())
         self._tasks: dict[Path, TerminalTask] = {}
         self._images: dict[Path, TaskImage | None] = {}
@@ -102,13 +115,14 @@ class TerminalBenchEnvironment:
         problems: list[str] = []
         tasks = load_tasks(source, problems)
         grading = cls.check_settings(cfg.env).get("grading", "same_sandbox")
+        policy = cls.network_policy(cfg.env)
         factory = SandboxFactory(cfg.env.sandbox or SandboxConfig())
         images, failed = build_images(factory, tasks, out)
 
         def trial(task: TerminalTask) -> TrialResult:
             if task.name in failed:
                 return TrialResult(task.name, 0.0, 0.0, error=f"image build: {failed[task.name]}")
-            return run_trial(task, factory.create, AGENTS[agent], grading, images.get(task.name))
+            return run_trial(task, factory.create, AGENTS[agent], grading, images.get(task.name), policy)
 
         with ThreadPoolExecutor(max_workers=cfg.env.num_workers) as pool:
             return list(pool.map(trial, tasks)), problems
@@ -197,15 +211,14 @@ class TerminalEpisode(ShellEpisode):
     def __init__(self, env: TerminalBenchEnvironment, task: TerminalTask):
         self.env, self.task = env, task
         image = env.image_for(task)
-        sandbox = env.sandboxes.create(sandbox_spec(task, image))
+        sandbox = env.sandboxes.create(sandbox_spec(task, image, env.network))
         super().__init__(sandbox, min(task.agent_timeout_s, env.config.task_timeout_s), env.max_output_chars,
                          f"task {task.name}")
         self.notes = setup_notes(task, sandbox, image)
 
     def finish(self) -> float:
         """Hand the sandbox over to the verifier and run the task's tests: the reward."""
-        if self.env.grading == "fresh_sandbox":
-            self.sandbox = regrade_sandbox(self.task, self.sandbox, self.env.sandboxes.create)
+        self.sandbox = grading_sandbox(self.task, self.sandbox, self.env.sandboxes.create, self.env.grading, self.notes)
         grade = verify(self.task, self.sandbox)
         self.suspicious, self.verifier_error = grade.suspicious, grade.error
         self.events.append({"tests": grade.output[-4000:], "reward": grade.reward, "verifier_error": grade.error,

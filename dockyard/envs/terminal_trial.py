@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -51,15 +51,45 @@ class TrialResult:
         return self.reward >= 1.0
 
 
-def sandbox_spec(task: TerminalTask, image: TaskImage | None = None) -> SandboxSpec:
+@dataclass(frozen=True)
+class NetworkPolicy:
+    """Who gets the network: the agent where the task allows it (Harbor's `allow_internet`; a layout
+    without that field, as Terminal-Bench 1's, takes `agent_default`), the tests where `verifier` says."""
+
+    agent_default: bool = False
+    verifier: bool = False
+
+    def agent(self, task: TerminalTask) -> bool:
+        return bool(task.metadata.get("environment", {}).get("allow_internet", self.agent_default))
+
+
+def sandbox_spec(task: TerminalTask, image: TaskImage | None = None, policy: NetworkPolicy = NetworkPolicy()
+                 ) -> SandboxSpec:
     """The task's sandbox: on its built image (env.sandbox.task_images: build), else the Dockerfile as
     far as a sandbox without an image builder honours it."""
-    network = bool(task.metadata.get("environment", {}).get("allow_internet", False))
+    network, verifier_network = policy.agent(task), policy.verifier
     if image is not None:   # WORKDIR / (Docker's default) cannot be a workspace: the configured one serves
         return SandboxSpec(workdir="" if image.workdir == "/" else image.workdir, env=dict(image.env),
-                           name=f"task {task.name}", network=network, image=image.tag, rootfs=image.rootfs)
+                           name=f"task {task.name}", network=network, verifier_network=verifier_network,
+                           image=image.tag, rootfs=image.rootfs)
     return SandboxSpec(workdir=task.setup.workdir or "", files=list(task.setup.copies), env=dict(task.setup.env),
-                       name=f"task {task.name}", run=list(task.setup.run), network=network)
+                       name=f"task {task.name}", run=list(task.setup.run), network=network,
+                       verifier_network=verifier_network)
+
+
+def grading_sandbox(task: TerminalTask, used: Sandbox, make_sandbox: Callable[[SandboxSpec], Sandbox],
+                    grading: str, notes: list[str]) -> Sandbox:
+    """Where the tests run: the agent's sandbox, or a fresh one (`grading: fresh_sandbox`, or a verifier
+    network that the agent's sandbox cannot be given at the hand-over: a container's network is fixed
+    when it starts)."""
+    needs_network = used.spec.verifier_network and not used.spec.network and not used.network_at_hand_over
+    if grading == "fresh_sandbox" or needs_network:
+        if needs_network and grading != "fresh_sandbox":
+            notes.append(f"the tests ran in a fresh sandbox with the network (env.verifier_allow_internet): a "
+                         f"{used.kind} sandbox's network is fixed when it starts")
+        spec = replace(used.spec, network=True) if used.spec.verifier_network else used.spec
+        return regrade_sandbox(task, used, lambda _: make_sandbox(spec))
+    return used
 
 
 def setup_notes(task: TerminalTask, sandbox: Sandbox, image: TaskImage | None = None) -> list[str]:
@@ -111,6 +141,7 @@ def verify(task: TerminalTask, sandbox: Sandbox) -> Grade:
     plugin = new_plugin_name()
     env, notes = verifier_env(sandbox, dict(sandbox.spec.env), ["/tests"], safe_path=True, plugin_autoload=False,
                               plugin=plugin)
+    env.update(sandbox.network_env())   # this machine's proxies and CA bundle, where the tests have a network
     with tempfile.TemporaryDirectory() as scratch:
         sandbox.place([(source, target, True) for source, target in task.tests] + verifier_files(Path(scratch), plugin))
     sandbox.open_to_verifier("/tests")   # published test scripts write there (`uv venv`, score files)
@@ -183,16 +214,15 @@ AGENTS: dict[str, Callable[[TerminalTask, Sandbox], str]] = {"oracle": oracle_ag
 
 def run_trial(task: TerminalTask, make_sandbox: Callable[[SandboxSpec], Sandbox],
               agent: Callable[[TerminalTask, Sandbox], str], grading: str = "same_sandbox",
-              image: TaskImage | None = None) -> TrialResult:
+              image: TaskImage | None = None, policy: NetworkPolicy = NetworkPolicy()) -> TrialResult:
     started = time.monotonic()
     result = TrialResult(task.name, 0.0, 0.0)
     sandbox = None
     try:
-        sandbox = make_sandbox(sandbox_spec(task, image))
+        sandbox = make_sandbox(sandbox_spec(task, image, policy))
         result.notes = setup_notes(task, sandbox, image)
         result.agent_output = agent(task, sandbox)
-        if grading == "fresh_sandbox":
-            sandbox = regrade_sandbox(task, sandbox, make_sandbox)
+        sandbox = grading_sandbox(task, sandbox, make_sandbox, grading, result.notes)
         grade = verify(task, sandbox)
         result.reward, result.test_output, result.verifier_error = grade.reward, grade.output, grade.error
         result.suspicious, result.notes = grade.suspicious, result.notes + grade.notes

@@ -25,6 +25,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+PROXY_KEYS = {"http_proxy", "https_proxy", "no_proxy", "all_proxy"}
+HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+CA_KEYS = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT")   # python's ssl and uv, requests, pip
 BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
             "TERM": "dumb"}
 
@@ -85,6 +88,7 @@ class SandboxSpec:
     name: str = "sandbox"
     run: list[str] = field(default_factory=list)   # Dockerfile RUN lines: run at creation where a backend builds images
     network: bool = False   # only a task that says so (Harbor's allow_internet) gets the host's network
+    verifier_network: bool = False   # the tests get the network (env.verifier_allow_internet), the agent not unless `network`
     image: str | None = None     # a built task image (images.py): podman runs it
     rootfs: Path | None = None   # the same image as a root folder: bubblewrap runs on it
 
@@ -157,6 +161,7 @@ class Sandbox(abc.ABC):
 
     kind: str = "sandbox"
     builds_images = False   # whether a task's RUN lines take effect (else they are reported as skipped)
+    network_at_hand_over = False   # whether the verifier can be given a network the agent did not have
 
     def __init__(self, spec: SandboxSpec, limits: SandboxLimits):
         self.spec, self.limits = spec, limits
@@ -217,7 +222,20 @@ class Sandbox(abc.ABC):
     # --- shared behaviour -------------------------------------------------------------------
 
     def environment(self) -> dict[str, str]:
-        return {**BASE_ENV, "HOME": self.workdir, **self.spec.env}
+        return {**BASE_ENV, "HOME": self.workdir, **self.spec.env, **self.network_env()}
+
+    def network_env(self) -> dict[str, str]:
+        """For commands that have a network: this machine's proxy settings, and its CA bundle where a
+        backend binds it over the image's (the connections leave as this machine's own)."""
+        if getattr(self, "network", None) is None:
+            return {}
+        env = {key: value for key, value in os.environ.items() if key.lower() in PROXY_KEYS}
+        if self.host_ca_bound():
+            env.update({key: HOST_CA_BUNDLE for key in CA_KEYS})
+        return env
+
+    def host_ca_bound(self) -> bool:
+        return False
 
     def run(self, command: str, timeout_s: float | None = None, cwd: str | None = None,
             env: dict[str, str] | None = None, replace_env: bool = False) -> CommandResult:

@@ -19,6 +19,7 @@ import select
 import shutil
 import subprocess
 
+from dockyard.sandboxes.base import HOST_CA_BUNDLE
 from dockyard.sandboxes.host_folders import HostFolderSandbox
 
 
@@ -46,6 +47,7 @@ IMAGE_SKIPPED = {"/dev", "/proc", "/sys", "/tmp"}   # made fresh for every comma
 
 class BubblewrapSandbox(HostFolderSandbox):
     kind = "bubblewrap"
+    network_at_hand_over = True   # every command is a fresh process: the verifier's may join a network
 
     @classmethod
     def refuses(cls, config) -> str | None:
@@ -68,6 +70,8 @@ class BubblewrapSandbox(HostFolderSandbox):
             bwrap += ["--ro-bind", str(host), inside]
         if self.network:
             bwrap += ["--ro-bind", str(self.network.resolv), "/etc/resolv.conf"]
+        if self.host_ca_bound():
+            bwrap += ["--ro-bind", HOST_CA_BUNDLE, HOST_CA_BUNDLE]
         bwrap += ["--dev", "/dev", "--size", str(self.limits.shm_mb * mb), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
                   "--proc", "/proc", "--size", str(self.limits.tmp_mb * mb), "--tmpfs", "/tmp"]
         for inside, host in sorted(self.mounts.items()):

@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 
 from dockyard.sandboxes import host_paths
-from dockyard.sandboxes.base import Sandbox, SandboxError, SandboxLimits, SandboxSpec
+from dockyard.sandboxes.base import HOST_CA_BUNDLE, Sandbox, SandboxError, SandboxLimits, SandboxSpec
 from dockyard.sandboxes.cgroups import SandboxCgroup
 from dockyard.sandboxes.network import UserNetwork
 from dockyard.sandboxes.owners import owner_token
@@ -173,6 +173,11 @@ class HostFolderSandbox(Sandbox):
     def writable_host_folders(self) -> dict[str, Path]:
         return {inside: host for inside, host in self.mounts.items() if inside not in self.read_only}
 
+    def host_ca_bound(self) -> bool:
+        """With a network and an image, this machine's CA bundle is bound over the image's."""
+        return self.network is not None and self.spec.rootfs is not None and os.path.isfile(HOST_CA_BUNDLE) \
+            and os.path.isfile(os.path.join(self.spec.rootfs, HOST_CA_BUNDLE.lstrip("/")))
+
     def _write_user_files(self) -> None:
         """/etc/passwd and /etc/group as the sandbox's root has them (the image's or this machine's),
         with an entry for each of the sandbox's users; bound over the originals on every command."""
@@ -243,6 +248,8 @@ class HostFolderSandbox(Sandbox):
             give_verifier_room(self.host_root, self.limits)
         if self.lease is None:
             return   # a normal user has no second user id to give the verifier (docs/agents.md)
+        if self.spec.verifier_network and self.network is None and self.network_at_hand_over:
+            self.network = UserNetwork(self.spec.name)   # the tests' network, never the agent's
         self.verifier_lease = UidLease(*self.uids)
         self.uid = self.gid = self.verifier_lease.uid
         self._write_user_files()

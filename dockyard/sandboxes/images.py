@@ -31,11 +31,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dockyard.sandboxes.base import SandboxError
+from dockyard.sandboxes.base import HOST_CA_BUNDLE, SandboxError
 
 PODMAN = ["podman", "--runtime", "runc"]
 TAG_PREFIX = "localhost/dockyard-task"
-HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 BUILD_TIMEOUT_S = 3600.0
 # root here lacks CAP_SYS_RESOURCE: podman's default rlimits cannot be set (containers-lab.md)
 BUILD_ULIMITS = ["--ulimit", "nofile=20000:20000", "--ulimit", "nproc=4096:4096"]

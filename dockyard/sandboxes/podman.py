@@ -37,7 +37,7 @@ import tempfile
 from pathlib import Path
 
 from dockyard.sandboxes import host_paths
-from dockyard.sandboxes.base import Sandbox, SandboxError, SandboxLimits, SandboxSpec
+from dockyard.sandboxes.base import HOST_CA_BUNDLE, Sandbox, SandboxError, SandboxLimits, SandboxSpec
 from dockyard.sandboxes.host_folders import give_verifier_room, mount_tmpfs, unmount
 from dockyard.sandboxes.network import UserNetwork
 from dockyard.sandboxes.owners import owner_token
@@ -130,6 +130,10 @@ class PodmanSandbox(Sandbox):
             self.destroy()
             raise
 
+    def host_ca_bound(self) -> bool:
+        """With a network and an image, this machine's CA bundle is bound over the image's."""
+        return self.network is not None and bool(self.image) and os.path.isfile(HOST_CA_BUNDLE)
+
     def _users(self) -> list[tuple[str, int, str]]:
         users = [("sandbox", self.lease.uid, self.workdir)]
         if self.verifier_lease:
@@ -180,6 +184,8 @@ class PodmanSandbox(Sandbox):
         tmp = f"rw,exec,size={self.limits.tmp_mb}m,mode=1777,notmpcopyup"
         network = ["--network", f"ns:{self.network.path}", "-v", f"{self.network.resolv}:/etc/resolv.conf:ro"] \
             if self.network else ["--network", "none"]
+        if self.host_ca_bound():
+            network += ["-v", f"{HOST_CA_BUNDLE}:{HOST_CA_BUNDLE}:ro"]
         # --init: catatonit as PID 1 reaps orphans (a killed fork bomb's zombies would hold the pids limit)
         common = ["run", "-d", "--init", "--init-path", shutil.which("catatonit") or "/usr/libexec/podman/catatonit",
                   "--name", self.name, "--label", f"{OWNER_LABEL}={owner_token()}", *network, "--cap-drop", "ALL",

@@ -13,7 +13,7 @@ import pytest
 
 from dockyard.config.schema.env import SandboxConfig
 from dockyard.envs.terminal_tasks import load_task, load_tasks, parse_dockerfile
-from dockyard.envs.terminal_trial import oracle_agent, run_trial, sandbox_spec
+from dockyard.envs.terminal_trial import NetworkPolicy, oracle_agent, run_trial, sandbox_spec
 from dockyard.sandboxes.base import SandboxError
 from dockyard.sandboxes.factory import SandboxFactory
 from dockyard.sandboxes.images import ImageBuildError, expand_heredocs, logical_lines, rewrite_froms
@@ -240,3 +240,41 @@ def test_env_build_builds_ahead_of_a_run_and_then_finds_everything_cached(base_i
                            "grpo_terminal_bench_local.yaml", "--tasks", str(TASKS)],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert host.returncode == 2 and "env.sandbox.task_images is host (nothing to build)" in host.stderr
+
+
+def _verifier_network_task(where: Path) -> Path:
+    """A Harbor task whose tests install a package from PyPI (as published test scripts do) and whose
+    solution checks that the agent itself has no network."""
+    task = where / "verifier-network"
+    (task / "tests").mkdir(parents=True)
+    (task / "solution").mkdir()
+    (task / "task.toml").write_text("[verifier]\ntimeout_sec = 300.0\n[agent]\ntimeout_sec = 60.0\n"
+                                    "[environment]\nallow_internet = false\n")
+    (task / "instruction.md").write_text("Write done to /app/done.txt.\n")
+    (task / "environment").mkdir()
+    (task / "environment" / "Dockerfile").write_text("FROM ubuntu:24.04\nWORKDIR /app\n")
+    (task / "solution" / "solve.sh").write_text(
+        "echo done > /app/done.txt\n"
+        "python3 -c \"import urllib.request; urllib.request.urlopen('https://pypi.org/simple/six/', timeout=5)\" "
+        "&& echo online > /app/agent-network.txt || true\n")
+    (task / "tests" / "test.sh").write_text(
+        "if [ -f /app/agent-network.txt ]; then echo 0 > /logs/verifier/reward.txt; exit 0; fi\n"
+        "python3 -m venv /tests/venv && /tests/venv/bin/pip install --quiet six==1.16.0 "
+        "&& /tests/venv/bin/python -c 'import six' && [ -f /app/done.txt ] "
+        "&& echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n")
+    return task
+
+
+@needs_builder
+@pytest.mark.parametrize("kind", ["bubblewrap", "podman"])
+def test_the_verifier_gets_the_network_only_when_the_config_says_and_the_agent_never(kind, tmp_path):
+    task = load_task(_verifier_network_task(tmp_path))
+    factory = SandboxFactory(SandboxConfig(type=kind, command_exec_timeout_s=300))
+    offline = run_trial(task, factory.create, oracle_agent)
+    assert offline.reward == 0.0 and offline.tests_ran == "reward file", offline.test_output[-600:]
+    online = run_trial(task, factory.create, oracle_agent, policy=NetworkPolicy(verifier=True))
+    assert online.error is None and online.reward == 1.0, (online.notes, online.test_output[-800:])
+    fresh = [note for note in online.notes if note.startswith("the tests ran in a fresh sandbox with the network")]
+    assert bool(fresh) == (kind == "podman")   # bubblewrap gives the agent's own sandbox a network at the hand-over
+    task.metadata["environment"]["allow_internet"] = True   # the check above is live: an agent online scores 0
+    assert run_trial(task, factory.create, oracle_agent, policy=NetworkPolicy(verifier=True)).reward == 0.0
