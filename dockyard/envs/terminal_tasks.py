@@ -1,6 +1,8 @@
 """Terminal tasks in the two published layouts, read into one `TerminalTask`.
 
 Terminal-Bench 1 (a task folder):
+    docker-compose.yaml  the main service's build (context, dockerfile), environment and working_dir;
+                 Terminal-Bench's log volumes ignored; other services refused (a task is one sandbox)
     task.yaml        instruction, difficulty, max_agent_timeout_sec (360), max_test_timeout_sec (60),
                      parser_name (pytest), run_tests_in_same_shell, category, tags, author_name
     Dockerfile       FROM, WORKDIR, COPY, ENV, RUN ... (build context: the task folder)
@@ -58,6 +60,8 @@ class DockerfileSetup:
     env: dict[str, str] = field(default_factory=dict)
     run: list[str] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)                # instructions honoured nowhere here
+    run_env: dict[str, str] = field(default_factory=dict)   # docker-compose `environment`: over a built image's ENV too
+    run_workdir: str | None = None                          # docker-compose `working_dir`: over the image's WORKDIR
 
 
 @dataclass
@@ -159,6 +163,68 @@ def _read_yaml(path: Path) -> dict:
     return data
 
 
+# Terminal-Bench 1's harness variables in docker-compose.yaml, as its harness sets them inside
+TB1_COMPOSE_VARS = {"T_BENCH_TEST_DIR": "/tests", "T_BENCH_CONTAINER_LOGS_PATH": "/logs",
+                    "T_BENCH_CONTAINER_AGENT_LOGS_PATH": "/agent-logs"}
+COMPOSE_PLUMBING = {"image", "container_name", "command", "build", "environment", "working_dir", "volumes"}
+
+
+@dataclass
+class ComposeService:
+    """What dockyard takes from a Terminal-Bench 1 docker-compose.yaml: the main service's build,
+    environment and working_dir (its harness volumes are Terminal-Bench's own log folders)."""
+
+    dockerfile: Path | None = None
+    context: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    working_dir: str | None = None
+    ignored: list[str] = field(default_factory=list)
+
+
+def read_compose(folder: Path) -> ComposeService | None:
+    path = next((folder / n for n in ("docker-compose.yaml", "docker-compose.yml") if (folder / n).is_file()), None)
+    if path is None:
+        return None
+    services = _read_yaml(path).get("services")
+    if not isinstance(services, dict) or not services:
+        raise TaskFormatError(f"{path}: `services` must name at least one service")
+    main = "client" if "client" in services else next(
+        (name for name, spec in services.items() if isinstance(spec, dict) and "build" in spec), next(iter(services)))
+    others = sorted(set(services) - {main})
+    if others:
+        raise TaskFormatError(f"{path}: services beside {main!r} ({', '.join(others)}) are not run here: a task runs "
+                              "in one sandbox (bubblewrap or one podman container)")
+    spec = services[main] or {}
+    if not isinstance(spec, dict):
+        raise TaskFormatError(f"{path}: service {main!r} must be a mapping")
+
+    def expand(value: str) -> str:
+        return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: TB1_COMPOSE_VARS.get(m.group(1) or m.group(2), m.group(0)),
+                      str(value))
+
+    service = ComposeService()
+    build = spec.get("build")
+    if isinstance(build, str):
+        build = {"context": build}
+    if isinstance(build, dict):
+        service.context = (folder / str(build.get("context", "."))).resolve()
+        service.dockerfile = service.context / str(build.get("dockerfile", "Dockerfile"))
+        if not service.dockerfile.is_file():
+            raise TaskFormatError(f"{path}: service {main!r} builds {service.dockerfile}, which does not exist")
+    environment = spec.get("environment") or {}
+    items = environment.items() if isinstance(environment, dict) else \
+        [(e.split("=", 1) + [""])[:2] for e in environment if isinstance(e, str)]
+    service.env = {str(k): expand(v) for k, v in items if v is not None}
+    if spec.get("working_dir"):
+        service.working_dir = expand(spec["working_dir"])
+    for volume in spec.get("volumes") or []:
+        if "T_BENCH_" not in str(volume):
+            raise TaskFormatError(f"{path}: service {main!r} mounts {volume!r}: volumes beside Terminal-Bench's log "
+                                  "folders are not supported (COPY the files in the Dockerfile)")
+    service.ignored = sorted(set(spec) - COMPOSE_PLUMBING)
+    return service
+
+
 def _load_tb1(folder: Path) -> TerminalTask:
     meta = _read_yaml(folder / "task.yaml")
     for key in ("instruction",):
@@ -174,8 +240,16 @@ def _load_tb1(folder: Path) -> TerminalTask:
     if (folder / "tests").is_dir():
         tests += [(path, "/tests/" + path.name) for path in sorted((folder / "tests").iterdir())]
     solution = next((p for p in (folder / "solution.sh", folder / "solution.yaml") if p.is_file()), None)
-    dockerfile = folder / "Dockerfile"
-    setup = parse_dockerfile(dockerfile, folder) if dockerfile.is_file() else DockerfileSetup()
+    compose = read_compose(folder)
+    dockerfile = compose.dockerfile if compose and compose.dockerfile else folder / "Dockerfile"
+    context = compose.context if compose and compose.context else folder
+    setup = parse_dockerfile(dockerfile, context) if dockerfile.is_file() else DockerfileSetup()
+    if compose:   # the main service's environment and working_dir apply over the Dockerfile's
+        setup.env.update(compose.env)
+        setup.run_env = dict(compose.env)
+        setup.workdir = compose.working_dir or setup.workdir
+        setup.run_workdir = compose.working_dir
+        setup.ignored += [f"docker-compose {key}" for key in compose.ignored]
     return TerminalTask(
         name=folder.name, folder=folder, layout="terminal-bench", instruction=meta["instruction"].strip(),
         agent_timeout_s=float(meta.get("max_agent_timeout_sec", TB1_AGENT_TIMEOUT_S)),

@@ -69,7 +69,8 @@ def sandbox_spec(task: TerminalTask, image: TaskImage | None = None, policy: Net
     far as a sandbox without an image builder honours it."""
     network, verifier_network = policy.agent(task), policy.verifier
     if image is not None:   # WORKDIR / (Docker's default) cannot be a workspace: the configured one serves
-        return SandboxSpec(workdir="" if image.workdir == "/" else image.workdir, env=dict(image.env),
+        workdir = task.setup.run_workdir or image.workdir
+        return SandboxSpec(workdir="" if workdir == "/" else workdir, env={**image.env, **task.setup.run_env},
                            name=f"task {task.name}", network=network, verifier_network=verifier_network,
                            image=image.tag, rootfs=image.rootfs)
     return SandboxSpec(workdir=task.setup.workdir or "", files=list(task.setup.copies), env=dict(task.setup.env),
@@ -95,7 +96,7 @@ def grading_sandbox(task: TerminalTask, used: Sandbox, make_sandbox: Callable[[S
 def setup_notes(task: TerminalTask, sandbox: Sandbox, image: TaskImage | None = None) -> list[str]:
     if image is not None:
         notes = list(image.notes)
-        if image.workdir == "/":
+        if (task.setup.run_workdir or image.workdir) == "/":
             notes.append(f"the image's WORKDIR is / (none set): the shell starts in {sandbox.workdir} "
                          "(env.sandbox.working_dir)")
         return notes

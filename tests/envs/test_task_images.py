@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dockyard.config.schema.env import SandboxConfig
-from dockyard.envs.terminal_tasks import load_task, load_tasks, parse_dockerfile
+from dockyard.envs.terminal_tasks import TaskFormatError, load_task, load_tasks, parse_dockerfile
 from dockyard.envs.terminal_trial import NetworkPolicy, oracle_agent, run_trial, sandbox_spec
 from dockyard.sandboxes.base import SandboxError
 from dockyard.sandboxes.factory import SandboxFactory
@@ -278,3 +278,24 @@ def test_the_verifier_gets_the_network_only_when_the_config_says_and_the_agent_n
     assert bool(fresh) == (kind == "podman")   # bubblewrap gives the agent's own sandbox a network at the hand-over
     task.metadata["environment"]["allow_internet"] = True   # the check above is live: an agent online scores 0
     assert run_trial(task, factory.create, oracle_agent, policy=NetworkPolicy(verifier=True)).reward == 0.0
+
+
+def test_a_terminal_bench_compose_file_gives_the_main_service_and_refuses_others(tmp_path):
+    tb1 = load_task(TASKS / "tb1-built")   # Terminal-Bench 1's standard compose file, plus one variable
+    assert tb1.setup.env["TEST_DIR"] == "/tests" and tb1.setup.env["LOW_MARK"] == "5"
+    assert tb1.dockerfile == TASKS / "tb1-built" / "Dockerfile"
+    assert [line for line in tb1.setup.ignored if "compose" in line] == []   # image, command...: harness plumbing
+    task = tmp_path / "two-services"
+    shutil.copytree(TASKS / "tb1-built", task)
+    (task / "docker-compose.yaml").write_text(
+        "services:\n  client:\n    build:\n      dockerfile: Dockerfile\n    working_dir: /srv\n"
+        "  db:\n    image: postgres:16\n")
+    problems: list[str] = []
+    assert load_tasks(tmp_path, problems) == []
+    assert "services beside 'client' (db) are not run here" in problems[0]
+    (task / "docker-compose.yaml").write_text(
+        "services:\n  client:\n    build: .\n    working_dir: /srv\n    volumes:\n      - ./data:/data\n")
+    with pytest.raises(TaskFormatError, match="mounts './data:/data': volumes beside Terminal-Bench's log folders"):
+        load_task(task)
+    (task / "docker-compose.yaml").write_text("services:\n  client:\n    build: .\n    working_dir: /srv\n")
+    assert load_task(task).setup.workdir == "/srv"
