@@ -299,3 +299,31 @@ def test_a_terminal_bench_compose_file_gives_the_main_service_and_refuses_others
         load_task(task)
     (task / "docker-compose.yaml").write_text("services:\n  client:\n    build: .\n    working_dir: /srv\n")
     assert load_task(task).setup.workdir == "/srv"
+
+
+@needs_builder
+def test_an_agent_episode_runs_on_the_built_image_and_its_tests_decide(base_image, open_folder):
+    """The path a training run takes (TerminalBenchEnvironment.open / execute / finish), on task images."""
+    from dockyard.agents.tool_format import Action
+    from dockyard.config.schema.env import EnvConfig
+    from dockyard.data.datasets import Prompt
+    from dockyard.envs.terminal_bench import TerminalBenchEnvironment
+
+    env = TerminalBenchEnvironment(EnvConfig(name="terminal_bench", agent="tool_calling", sandbox=SandboxConfig(
+        type="bubblewrap", task_images="build", default_base_image=BASE, image_cache=str(open_folder / "cache"))))
+    prompt = Prompt("total the ledger", None, {"path": str(TASKS / "harbor-built")}, "t")
+    episode = env.open(prompt)
+    try:
+        seen = episode.execute(Action("tool", "bash", {"command": "pwd; tally /data/ledger.csv > total.txt; echo $?"}))
+        assert seen.split()[:2] == ["/app", "0"], seen
+        assert any(note.startswith("FROM python:3.12-slim built on") for note in episode.notes)
+        assert episode.finish() == 1.0
+    finally:
+        episode.close()
+    wrong = env.open(prompt)   # the image is built once per task and environment
+    try:
+        wrong.execute(Action("tool", "bash", {"command": "echo 1 > /app/total.txt"}))
+        assert wrong.finish() == 0.0
+    finally:
+        wrong.close()
+    assert list(env._images) == [(TASKS / "harbor-built").resolve()]
