@@ -5,6 +5,7 @@ without work, or its solution does not satisfy them), and the command names it."
 
 from __future__ import annotations
 
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -60,7 +61,7 @@ def _one_line(text: str, limit: int = NOTE_CHARS) -> str:
 
 
 def write_log(folder: Path, result) -> Path:
-    path = folder / f"{result.task}.log"
+    path = folder / (re.sub(r"[^A-Za-z0-9._-]", "_", result.task) + ".log")   # task names may hold a / (HumanEval/0)
     parts = [f"task {result.task}: reward {result.reward:.2f}, tests ran: {result.tests_ran or '-'}, "
              f"{result.seconds:.1f} s"]
     if result.error:

@@ -25,7 +25,7 @@ from dockyard.distributed import backend_for
 from dockyard.launch.allocation import Allocation
 from dockyard.launch.plan import JobPlan
 from dockyard.launch.preemption import allocation_end_time, requeue
-from dockyard.loop.stopping import RunStopped, StopRequests
+from dockyard.loop.stopping import DESCRIPTION, USR2, RunStopped, StopRequests
 from dockyard.launch.rendezvous import trainer_store
 from dockyard.launch.servers import (ServerFailed, ServerWatch, dead_server, replica_clients, start_servers,
                                     stop_servers, wait_ready)
@@ -57,6 +57,18 @@ def run_trainer_task_from_config(config_path: Path, folder: Path) -> dict:
 def _threads(plan: JobPlan) -> int:
     cpus = int(os.environ.get("SLURM_CPUS_PER_TASK", 0))
     return cpus or max(1, (os.cpu_count() or 1) // plan.trainer.tasks_per_node)
+
+
+SIGNAL_GRACE_S = 3.0   # Slurm signals the steps of a job one by one: a server may die of it first
+
+
+def stopped_while_starting(stopper: StopRequests) -> bool:
+    """Whether a server that died while starting was ended by the job's own stop (the trainer's signal
+    comes within a moment of the server's), rather than by a failure of its own."""
+    deadline = time.monotonic() + SIGNAL_GRACE_S
+    while not stopper.requested and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return stopper.requested
 
 
 def run_trainer_task(config_path: Path, plan: JobPlan, folder: Path) -> dict:
@@ -132,7 +144,18 @@ def run_trainer_task(config_path: Path, plan: JobPlan, folder: Path) -> dict:
         # no result for submitit to record: this incarnation is over, the job itself is not
         raise SystemExit(0) from None
     except ServerFailed as err:
-        raise JobFailed(str(err)) from None
+        if not stopped_while_starting(stopper):
+            raise JobFailed(str(err)) from None
+        # the servers died of the stop signal itself (a requeue or a preemption while they started):
+        # nothing was trained yet, so nothing is saved; Slurm restarts a requeued job, USR2 asks us to
+        if alloc.rank == 0:
+            requeued = stopper.local == USR2
+            print(f"dockyard: {DESCRIPTION[stopper.local]} while the servers started; nothing to save before the "
+                  f"first step; {'requeued: ' if requeued else ''}the run resumes at the next start",
+                  file=sys.stderr, flush=True)
+            if requeued:
+                requeue(alloc.job_id)
+        raise SystemExit(0) from None
     except KeyboardInterrupt:
         if stopper.requested and not (watch is not None and watch.failure):
             raise SystemExit(0) from None

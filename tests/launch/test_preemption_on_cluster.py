@@ -226,3 +226,26 @@ def test_kill_9_during_a_save_leaves_the_previous_checkpoint_current(slurm_clust
     assert f"checkpoints/step_{pointer} (step {pointer})" in rank0_log(tmp_path, second)
     assert (checkpoints / "latest_checkpointed_iteration.txt").read_text().strip() == str(pointer + 3)
     assert not list(checkpoints.glob("step_*.tmp"))
+
+
+def test_a_requeue_while_the_servers_start_is_a_requeue_not_a_failure(slurm_cluster, tmp_path, tiny_model):
+    """`scontrol requeue` lands while the rollout server is still starting (held at interpreter start by
+    tests/launch/server_hold): the server dies of the SIGTERM, and the job says it was stopped while
+    starting, without a traceback or a JobFailed, and completes after the requeue."""
+    hold = tmp_path / "server.hold"
+    hold.touch()
+    held_at = Path(str(hold) + ".reached")
+    job = submit(tmp_path, tiny_model, "grpo.max_num_steps=2",
+                 f"+cluster.rollout.env.PYTHONPATH={Path(__file__).parent / 'server_hold'}",
+                 f"+cluster.rollout.env.DOCKYARD_TEST_SERVER_HOLD={hold}")
+    wait_until(held_at.is_file, 180, "the rollout server to start (and wait at the hold)")
+    subprocess.run(["scontrol", "requeue", job], check=True, timeout=30)
+    wait_until(lambda: restarts(job) >= 1, 180, "Slurm to requeue the job")
+    hold.unlink()
+    assert wait_ended(job, 600) == "COMPLETED", rank0_log(tmp_path, job)[-3000:]
+    log = rank0_log(tmp_path, job)
+    first = log.split("restart 1)")[0]   # the first incarnation's part of the log
+    assert "SIGTERM (preemption, scancel, or a stopped dockyard run) while the servers started; nothing to save " \
+           "before the first step; the run resumes at the next start" in first, first[-3000:]
+    assert "Traceback" not in first and "JobFailed" not in first, first[-3000:]
+    assert logged_steps(tmp_path) == [1, 2]
