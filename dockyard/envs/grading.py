@@ -10,7 +10,9 @@ user's). Then the tests run with:
   LD_PRELOAD, PYTHONSTARTUP, ...) pointing there; HOME in a fresh folder of the verifier's; no
   Python user site (PYTHONNOUSERSITE), and for terminal tasks Python's safe-path mode (PYTHONSAFEPATH:
   `python3 -m pytest` from the workspace does not import a pytest.py lying there);
-- pytest's plugin autoload off (terminal tasks) and git hooks and fsmonitor commands off;
+- git hooks and fsmonitor commands off; pytest's plugin autoload stays on for terminal tasks (the
+  published test scripts load their reporters that way, `uvx --with pytest-json-ctrf pytest --ctrf`):
+  a plugin the agent could have installed is caught by the record below, wherever it loads from;
 - dockyard's record plugin loaded into the real pytest (pytest_record.py): it writes each test's
   outcome, the session's exit status and every plugin and conftest.py file that was loaded to
   /verifier-records, which only the verifier writes. The pytest grade comes from that record,
@@ -254,6 +256,11 @@ def reward_file(sandbox: Sandbox, low: float = 0.0, high: float = 1.0) -> tuple[
             text = target.read_text(errors="replace").strip()
             try:
                 value = json.loads(text) if name.endswith(".json") else float(text)
+                if isinstance(value, dict) and "reward" not in value:
+                    # several named rewards: Harbor's RL reward is the one named `reward`, else 0
+                    error = (f"{REWARD_FOLDER}/{name} names rewards {', '.join(sorted(map(str, value))[:5])} but "
+                             "none `reward` (the one a run trains on, as in Harbor)")
+                    return 0.0, error, error
                 if isinstance(value, dict):
                     value = value["reward"]
                 if isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -16,7 +16,8 @@ Harbor / Terminal-Bench 2 (a task folder):
     task.toml        [metadata], [agent] timeout_sec, [verifier] timeout_sec, [environment] (cpus,
                      memory_mb, storage_mb, allow_internet, ...)
     instruction.md
-    environment/Dockerfile   (build context: environment/)
+    environment/Dockerfile   (build context: environment/); environment/docker-compose.yaml as for
+                 Terminal-Bench 1, its main service named `main`
     tests/test.sh    copied into /tests after the agent finishes; writes /logs/verifier/reward.txt
                      (one number) or reward.json ({"reward": x}) within [0, 1] (or `[verifier]
                      reward_range = [low, high]`, this project's addition); a missing or bad one is a
@@ -188,7 +189,7 @@ def read_compose(folder: Path) -> ComposeService | None:
     services = _read_yaml(path).get("services")
     if not isinstance(services, dict) or not services:
         raise TaskFormatError(f"{path}: `services` must name at least one service")
-    main = "client" if "client" in services else next(
+    main = next((name for name in ("client", "main") if name in services), None) or next(
         (name for name, spec in services.items() if isinstance(spec, dict) and "build" in spec), next(iter(services)))
     others = sorted(set(services) - {main})
     if others:
@@ -275,6 +276,13 @@ def _load_harbor(folder: Path) -> TerminalTask:
     environment = folder / "environment"
     dockerfile = environment / "Dockerfile"
     setup = parse_dockerfile(dockerfile, environment) if dockerfile.is_file() else DockerfileSetup()
+    compose = read_compose(environment)   # Harbor merges it over its own `main` service
+    if compose:
+        setup.env.update(compose.env)
+        setup.run_env = dict(compose.env)
+        setup.workdir = compose.working_dir or setup.workdir
+        setup.run_workdir = compose.working_dir
+        setup.ignored += [f"docker-compose {key}" for key in compose.ignored]
     solution = folder / "solution" / "solve.sh"
     reward_range = meta.get("verifier", {}).get("reward_range", [0.0, 1.0])
     if not (isinstance(reward_range, list) and len(reward_range) == 2

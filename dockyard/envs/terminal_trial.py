@@ -140,7 +140,7 @@ def verify(task: TerminalTask, sandbox: Sandbox) -> Grade:
     suspicious = shadowing_files(sandbox, placed)
     unchanged = unchanged_check(sandbox, placed)
     plugin = new_plugin_name()
-    env, notes = verifier_env(sandbox, dict(sandbox.spec.env), ["/tests"], safe_path=True, plugin_autoload=False,
+    env, notes = verifier_env(sandbox, dict(sandbox.spec.env), ["/tests"], safe_path=True, plugin_autoload=True,
                               plugin=plugin)
     env.update(sandbox.network_env())   # this machine's proxies and CA bundle, where the tests have a network
     with tempfile.TemporaryDirectory() as scratch:

@@ -95,6 +95,7 @@ class HostFolderSandbox(Sandbox):
         self.read_only: set[str] = set()           # mounts the sandbox's user does not own
         self.verifier_owned: set[str] = set()      # read-only mounts handed to the verifier to write (/tests)
         self.user_files: dict[str, Path] = {}      # /etc/passwd, /etc/group with the sandbox's users (as root)
+        self.agent_folders: list[str] | None = None   # what the agent could write, fixed at the hand-over
         try:
             if as_root:
                 mount_tmpfs(self.host_root, limits)
@@ -168,6 +169,10 @@ class HostFolderSandbox(Sandbox):
                             links)
 
     def agent_writable(self) -> list[str]:
+        """The agent's folders: those writable when it handed over (a folder made for the verifier
+        after that, such as its HOME, was never the agent's)."""
+        if self.agent_folders is not None:
+            return list(self.agent_folders)
         return [*[m for m in self.mounts if m not in self.read_only], "/tmp", "/dev/shm"]
 
     def writable_host_folders(self) -> dict[str, Path]:
@@ -244,6 +249,7 @@ class HostFolderSandbox(Sandbox):
             end_processes(of_user(self.uid), f"{self.spec.name} ({self.kind} sandbox)")
 
     def _become_verifier(self) -> None:
+        self.agent_folders = self.agent_writable()
         if self.mounted:
             give_verifier_room(self.host_root, self.limits)
         if self.lease is None:

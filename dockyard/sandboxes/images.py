@@ -284,12 +284,12 @@ def image_id(image: str) -> str:
     return _podman("image", "inspect", "--format", "{{.Id}}", image).stdout.strip()
 
 
-def image_config(tag: str) -> tuple[str, dict[str, str], str]:
-    """(WORKDIR, ENV, USER) of a built image, as Docker would start a container of it."""
+def image_config(tag: str) -> tuple[str, dict[str, str], str, list[str]]:
+    """(WORKDIR, ENV, USER, ENTRYPOINT) of a built image, as Docker would start a container of it."""
     info = json.loads(_podman("image", "inspect", tag).stdout)[0]
     config = info.get("Config") or {}
     env = dict(item.split("=", 1) for item in config.get("Env") or [] if "=" in item)
-    return config.get("WorkingDir") or "/", env, config.get("User") or ""
+    return config.get("WorkingDir") or "/", env, config.get("User") or "", list(config.get("Entrypoint") or [])
 
 
 def default_cache() -> Path:
@@ -349,10 +349,15 @@ class ImageBuilder:
         if built_now:
             (folder / "rootfs.complete").unlink(missing_ok=True)
             self._build(name, rewritten, dockerfile, context, tag, folder, rebuild)
-        workdir, env, user = image_config(tag)
+        workdir, env, user, entrypoint = image_config(tag)
         rootfs = self._rootfs(tag, folder) if self.export_rootfs else None
         notes = [f"FROM {c.asked} built on {c.used}" for c in choices if c.asked != c.used]
         notes.append(f"image {'built' if built_now else 'cached'} ({key})")
+        if entrypoint:   # a task whose services start there (a server, /etc/hosts entries) will miss them
+            notes.append(f"the image's ENTRYPOINT {' '.join(entrypoint)[:80]} is not run: the sandbox runs the "
+                         "agent's commands, not the container's")
+        if user and user not in ("root", "0"):
+            notes.append(f"the image's USER {user} is not who runs the commands: the sandbox's own user does")
         return TaskImage(tag, key, workdir, env, user, rootfs, notes, built_now, time.monotonic() - started)
 
     def _build(self, name: str, rewritten: str, dockerfile: Path, context: Path, tag: str, folder: Path,

@@ -1,2 +1,2 @@
 # the adversarial tasks' own tests (tests/envs/adversarial_tasks/*/tests/) run inside sandboxes, not here
-collect_ignore = ["adversarial_tasks", "image_tasks"]
+collect_ignore = ["adversarial_tasks", "image_tasks", "published_tasks"]
