@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dockyard.sandboxes.base import HOST_CA_BUNDLE, SandboxError
+from dockyard.sandboxes.podman import PODMAN, podman_command
 
-PODMAN = ["podman", "--runtime", "runc"]
 TAG_PREFIX = "localhost/dockyard-task"
 BUILD_TIMEOUT_S = 3600.0
 # root here lacks CAP_SYS_RESOURCE: podman's default rlimits cannot be set (containers-lab.md)
@@ -268,25 +268,17 @@ def cache_key(dockerfile_text: str, context: Path, base_ids: list[str]) -> str:
 
 # --- podman -------------------------------------------------------------------------------------
 
-def _podman(*args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run([*PODMAN, *args], capture_output=True, text=True, timeout=timeout)
-    if check and result.returncode != 0:
-        raise ImageBuildError(f"podman {args[0]} {args[1] if len(args) > 1 else ''} failed ({result.returncode}): "
-                              f"{result.stderr.strip()[-400:]}")
-    return result
-
-
 def in_store(image: str) -> bool:
-    return shutil.which("podman") is not None and _podman("image", "exists", image, check=False).returncode == 0
+    return shutil.which("podman") is not None and podman_command("image", "exists", image, check=False).returncode == 0
 
 
 def image_id(image: str) -> str:
-    return _podman("image", "inspect", "--format", "{{.Id}}", image).stdout.strip()
+    return podman_command("image", "inspect", "--format", "{{.Id}}", image).stdout.decode().strip()
 
 
 def image_config(tag: str) -> tuple[str, dict[str, str], str, list[str]]:
     """(WORKDIR, ENV, USER, ENTRYPOINT) of a built image, as Docker would start a container of it."""
-    info = json.loads(_podman("image", "inspect", tag).stdout)[0]
+    info = json.loads(podman_command("image", "inspect", tag).stdout)[0]
     config = info.get("Config") or {}
     env = dict(item.split("=", 1) for item in config.get("Env") or [] if "=" in item)
     return config.get("WorkingDir") or "/", env, config.get("User") or "", list(config.get("Entrypoint") or [])
@@ -389,7 +381,7 @@ class ImageBuilder:
             return rootfs
         shutil.rmtree(rootfs, ignore_errors=True)
         rootfs.mkdir(parents=True)
-        container = _podman("create", tag, "true").stdout.strip()
+        container = podman_command("create", tag, "true").stdout.decode().strip()
         try:
             export = subprocess.Popen([*PODMAN, "export", container], stdout=subprocess.PIPE)
             untar = subprocess.run(["tar", "-x", "--numeric-owner", "-C", str(rootfs)], stdin=export.stdout,
@@ -398,7 +390,7 @@ class ImageBuilder:
             if export.wait(timeout=60) != 0 or untar.returncode != 0:
                 raise ImageBuildError(f"exporting {tag} to {rootfs} failed: {untar.stderr.decode(errors='replace')[-300:]}")
         finally:
-            _podman("rm", "-f", container, check=False)
+            podman_command("rm", "-f", container, check=False)
         rootfs.chmod(0o755)
         done.write_text(tag + "\n")
         return rootfs

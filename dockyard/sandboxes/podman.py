@@ -52,7 +52,9 @@ def podman_path() -> str | None:
     return shutil.which("podman")
 
 
-def _podman(*args: str, timeout: float = 120, check: bool = True, input: bytes | None = None) -> subprocess.CompletedProcess:
+def podman_command(*args: str, timeout: float = 120, check: bool = True,
+                   input: bytes | None = None) -> subprocess.CompletedProcess:
+    """`podman --runtime runc ARGS`; SandboxError with its stderr's end when it fails (and `check`)."""
     result = subprocess.run([*PODMAN, *args], capture_output=True, timeout=timeout, input=input)
     if check and result.returncode != 0:
         raise SandboxError(f"podman {args[0]} failed ({result.returncode}): "
@@ -74,7 +76,7 @@ class PodmanSandbox(Sandbox):
             return "env.sandbox.type: podman is not installed here (`apt-get install podman runc catatonit`)"
         if not (shutil.which("catatonit") or os.path.exists("/usr/libexec/podman/catatonit")):
             return "env.sandbox.type: podman needs catatonit as the containers' init (`apt-get install catatonit`)"
-        if config.image and _podman("image", "exists", config.image, check=False).returncode != 0:
+        if config.image and podman_command("image", "exists", config.image, check=False).returncode != 0:
             return (f"env.sandbox.image: {config.image!r} is not in this machine's podman image store; "
                     "`podman pull` or `podman load` it first (nothing is pulled while a run starts)")
         return None
@@ -165,13 +167,13 @@ class PodmanSandbox(Sandbox):
 
     def _copy_image_workdir(self) -> None:
         """The image's files at the working directory, into the workspace that is bound over it."""
-        mounted = _podman("image", "mount", self.image).stdout.decode().strip()
+        mounted = podman_command("image", "mount", self.image).stdout.decode().strip()
         try:
             source = Path(mounted) / self.workdir.lstrip("/")
             if source.is_dir():
                 shutil.copytree(source, self.workspace, symlinks=True, dirs_exist_ok=True)
         finally:
-            _podman("image", "unmount", self.image, check=False)
+            podman_command("image", "unmount", self.image, check=False)
 
     def _start(self) -> None:
         mb = 1024 * 1024
@@ -256,7 +258,7 @@ class PodmanSandbox(Sandbox):
         if not self.started:
             return
         if not self.as_root:
-            _podman("restart", "-t", "0", self.name, check=False)
+            podman_command("restart", "-t", "0", self.name, check=False)
             return
         uids = [lease.uid for lease in (self.lease, self.verifier_lease) if lease is not None]
         if uids:
@@ -321,7 +323,7 @@ class PodmanSandbox(Sandbox):
                 if not source.exists():
                     raise SandboxError(f"{self.spec.name}: {source} does not exist (copying it to {target})")
                 tar.add(source, arcname=target.lstrip("/"))
-        _podman("cp", "-", f"{self.name}:/", input=archive.getvalue())
+        podman_command("cp", "-", f"{self.name}:/", input=archive.getvalue())
         fixes = []
         for _, target, read_only in rest:
             fixes.append(f"chown -R 0:0 {_q(target)} && chmod -R a+rX,go-w {_q(target)}" if read_only
@@ -340,10 +342,10 @@ class PodmanSandbox(Sandbox):
         if kind.stdout.decode().strip() != "ok":
             raise SandboxError(f"{self.spec.name}: {source} does not exist in the sandbox (or is a link)")
         Path(target).parent.mkdir(parents=True, exist_ok=True)
-        _podman("cp", f"{self.name}:{source}", str(target))
+        podman_command("cp", f"{self.name}:{source}", str(target))
 
     def _teardown(self) -> None:
-        _podman("rm", "-f", "-t", "0", self.name, check=False)
+        podman_command("rm", "-f", "-t", "0", self.name, check=False)
         if self.network is not None:
             self.network.close()
         if self.root_dir is not None:
