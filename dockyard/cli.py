@@ -117,7 +117,7 @@ def cmd_env_check(ns: argparse.Namespace) -> int:
     from dockyard.envs.check import check
 
     loaded = _load(ns, "env check")
-    return EXIT_CONFIG if loaded is None else check(loaded.config, ns.tasks, ns.agent, logs=ns.logs)
+    return EXIT_CONFIG if loaded is None else check(loaded.config, ns.tasks, ns.agent, logs=ns.logs, rebuild=ns.rebuild)
 
 
 def cmd_env_build(ns: argparse.Namespace) -> int:
@@ -246,6 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     env_check.add_argument("--tasks", metavar="DIR|JSONL", help="task folder(s) or jsonl index "
                            "(default: the config's first data.datasets path)")
     env_check.add_argument("--agent", choices=["oracle", "noop"], default="oracle")
+    env_check.add_argument("--rebuild", action="store_true", help="with env.sandbox.task_images build: build "
+                           "every task's image again from nothing first (no cached layer)")
     env_check.add_argument("--logs", metavar="DIR", help="where each task's whole output goes, as <task>.log "
                            "(default: a new folder under /tmp, printed at the end)")
     env_check.add_argument("overrides", nargs="*", metavar="OVERRIDE", help="Hydra overrides")

@@ -44,6 +44,7 @@ class TerminalBenchEnvironment:
     """Terminal tasks for a multi-turn agent (env.agent: tool_calling)."""
 
     multi_turn = True
+    task_images = True   # reads env.sandbox.task_images (its tasks' Dockerfiles)
     tools = TERMINAL_TOOLS
     EXTRA_KEYS = KNOWN_EXTRA
 
@@ -109,7 +110,8 @@ class TerminalBenchEnvironment:
             return self._images[task.folder]
 
     @classmethod
-    def reference_trials(cls, cfg, source: Path, agent: str, out=sys.stderr) -> tuple[list[TrialResult], list[str]]:
+    def reference_trials(cls, cfg, source: Path, agent: str, out=sys.stderr, rebuild: bool = False
+                         ) -> tuple[list[TrialResult], list[str]]:
         """`dockyard env check`: every task in a sandbox with the oracle or the no-op agent at work. A
         task that cannot be read, or whose image does not build, is reported and the others still run."""
         problems: list[str] = []
@@ -117,7 +119,7 @@ class TerminalBenchEnvironment:
         grading = cls.check_settings(cfg.env).get("grading", "same_sandbox")
         policy = cls.network_policy(cfg.env)
         factory = SandboxFactory(cfg.env.sandbox or SandboxConfig())
-        images, failed = build_images(factory, tasks, out)
+        images, failed = build_images(factory, tasks, out, rebuild)
 
         def trial(task: TerminalTask) -> TrialResult:
             if task.name in failed:

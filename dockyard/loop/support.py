@@ -216,7 +216,11 @@ def _distillation(cfg: MasterConfig) -> list[Problem]:
 def _agent_setup(cfg: MasterConfig) -> list[Problem]:
     """The environment, its agent and its sandbox fit together (checked before anything starts)."""
     env = cfg.env
-    multi_turn = getattr(registry.get("environment", env.name).factory, "multi_turn", False)
+    environment = registry.get("environment", env.name).factory
+    if env.sandbox is not None and env.sandbox.task_images == "build" and not getattr(environment, "task_images", False):
+        return [Problem("env.sandbox.task_images", f"build is read by environments whose tasks have Dockerfiles "
+                        f"(terminal_bench), not {env.name}; set it to host")]
+    multi_turn = getattr(environment, "multi_turn", False)
     if multi_turn is None:   # the environment works either way: env.agent decides
         multi_turn = env.agent is not None
     if multi_turn and env.agent is None:

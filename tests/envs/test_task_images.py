@@ -78,6 +78,17 @@ def test_task_image_settings_are_refused_by_name_where_they_cannot_take_effect(t
         SandboxFactory(SandboxConfig(type="none", trusted=True, task_images="build"))
 
 
+def test_task_images_are_refused_for_an_environment_that_does_not_read_them():
+    from dockyard.config.loader import load_config
+    from dockyard.loop.support import unsupported
+
+    swe = load_config(REPO / "configs" / "grpo_swe.yaml", ["env.sandbox.task_images=build"]).config
+    assert [p.path for p in unsupported(swe)] == ["env.sandbox.task_images"]
+    terminal = load_config(REPO / "configs" / "grpo_terminal_bench_local.yaml",
+                           ["env.sandbox.task_images=build", f"env.sandbox.default_base_image={BASE}"]).config
+    assert unsupported(terminal) == []
+
+
 @needs_builder
 def test_a_cache_below_a_closed_folder_is_refused_for_bubblewrap(open_folder):
     closed = open_folder / "closed"
