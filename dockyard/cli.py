@@ -219,6 +219,14 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
                         help="extra folder searched for configs and groups before the shipped family (repeatable)")
 
 
+def _add_task_set_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tasks", metavar="DIR|JSONL", help="task folder(s) or jsonl index "
+                        "(default: the config's first data.datasets path)")
+    parser.add_argument("--rebuild", action="store_true", help="with env.sandbox.task_images build: build every "
+                        "task's image again from nothing first (no cached layer: a changed base or package index "
+                        "is taken up)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dockyard", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -243,11 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
     env_check = env.add_parser("check", help="run every task with the oracle or no-op agent in the configured "
                                "sandbox and print task, reward, seconds; exit 1 naming the broken tasks")
     _add_config_args(env_check)
-    env_check.add_argument("--tasks", metavar="DIR|JSONL", help="task folder(s) or jsonl index "
-                           "(default: the config's first data.datasets path)")
+    _add_task_set_args(env_check)
     env_check.add_argument("--agent", choices=["oracle", "noop"], default="oracle")
-    env_check.add_argument("--rebuild", action="store_true", help="with env.sandbox.task_images build: build "
-                           "every task's image again from nothing first (no cached layer)")
     env_check.add_argument("--logs", metavar="DIR", help="where each task's whole output goes, as <task>.log "
                            "(default: a new folder under /tmp, printed at the end)")
     env_check.add_argument("overrides", nargs="*", metavar="OVERRIDE", help="Hydra overrides")
@@ -255,10 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     env_build = env.add_parser("build", help="build every terminal task's image ahead of a run "
                                "(env.sandbox.task_images: build), one line per task; exit 1 if one fails")
     _add_config_args(env_build)
-    env_build.add_argument("--tasks", metavar="DIR|JSONL", help="task folder(s) or jsonl index "
-                           "(default: the config's first data.datasets path)")
-    env_build.add_argument("--rebuild", action="store_true", help="build every image again from nothing "
-                           "(no cached layer: a base or a package index that changed is taken up)")
+    _add_task_set_args(env_build)
     env_build.add_argument("overrides", nargs="*", metavar="OVERRIDE", help="Hydra overrides")
     env_build.set_defaults(func=cmd_env_build)
     env_serve = env.add_parser("serve-swe", help="score SWE patches here for runs elsewhere (their "
