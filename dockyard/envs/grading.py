@@ -10,7 +10,9 @@ user's). Then the tests run with:
   LD_PRELOAD, PYTHONSTARTUP, ...) pointing there; HOME in a fresh folder of the verifier's; no
   Python user site (PYTHONNOUSERSITE), and for terminal tasks Python's safe-path mode (PYTHONSAFEPATH:
   `python3 -m pytest` from the workspace does not import a pytest.py lying there);
-- git hooks and fsmonitor commands off; pytest's plugin autoload stays on for terminal tasks (the
+- git hooks and fsmonitor commands off; uv and pip read no configuration file (UV_NO_CONFIG,
+  PIP_CONFIG_FILE=/dev/null: a uv.toml in the working folder could point them at the agent's own
+  wheels); pytest's plugin autoload stays on for terminal tasks (the
   published test scripts load their reporters that way, `uvx --with pytest-json-ctrf pytest --ctrf`):
   a plugin the agent could have installed is caught by the record below, wherever it loads from;
 - dockyard's record plugin loaded into the real pytest (pytest_record.py): it writes each test's
@@ -130,7 +132,10 @@ def verifier_env(sandbox: Sandbox, task_env: dict[str, str], test_dirs: list[str
                 "PYTHONDONTWRITEBYTECODE": "1", "DOCKYARD_RECORDS": RECORDS, "PYTEST_ADDOPTS": "-p no:cacheprovider",
                 "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_COUNT": "2",
                 "GIT_CONFIG_KEY_0": "core.hooksPath", "GIT_CONFIG_VALUE_0": "/dev/null",
-                "GIT_CONFIG_KEY_1": "core.fsmonitor", "GIT_CONFIG_VALUE_1": "false"})
+                "GIT_CONFIG_KEY_1": "core.fsmonitor", "GIT_CONFIG_VALUE_1": "false",
+                # installers the tests run read no configuration the agent could leave in the working folder
+                # (a uv.toml / [tool.uv] with find-links to the agent's own `pytest` wheel)
+                "UV_NO_CONFIG": "1", "PIP_CONFIG_FILE": os.devnull})
     if plugin:
         env["PYTEST_PLUGINS"] = plugin
     if safe_path:
