@@ -81,6 +81,9 @@ def check(cfg: MasterConfig, tasks: str | None, agent: str, out=sys.stdout, logs
     if trials is None:
         print(f"dockyard env check: environment {cfg.env.name!r} has no task sets to check (env.name)", file=sys.stderr)
         return 2
+    if rebuild and not (cfg.env.sandbox and cfg.env.sandbox.task_images == "build"):
+        print("dockyard env check: --rebuild needs env.sandbox.task_images: build (nothing would be built)", file=sys.stderr)
+        return 2
     try:
         results, problems = trials(cfg, task_source(cfg, tasks), agent, **({"rebuild": True} if rebuild else {}))
     except (TaskFormatError, SandboxError, ValueError, DatasetError) as err:
@@ -93,9 +96,6 @@ def check(cfg: MasterConfig, tasks: str | None, agent: str, out=sys.stdout, logs
         return 2
     log_folder = Path(logs) if logs else Path(tempfile.mkdtemp(prefix="dockyard-env-check-"))
     log_folder.mkdir(parents=True, exist_ok=True)
-    if rebuild and not (cfg.env.sandbox and cfg.env.sandbox.task_images == "build"):
-        print("dockyard env check: --rebuild needs env.sandbox.task_images: build (nothing was built)", file=sys.stderr)
-        return 2
     where = f"sandbox {cfg.env.sandbox.type}, {cfg.env.num_workers} at a time (env.num_workers)" if cfg.env.sandbox \
         else "no sandbox"
     print(f"{len(results)} tasks, agent {agent}, {where}", file=out, flush=True)

@@ -251,6 +251,11 @@ def test_env_build_builds_ahead_of_a_run_and_then_finds_everything_cached(base_i
                            "grpo_terminal_bench_local.yaml", "--tasks", str(TASKS)],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert host.returncode == 2 and "env.sandbox.task_images is host (nothing to build)" in host.stderr
+    check = subprocess.run([sys.executable, "-m", "dockyard.cli", "env", "check", "--config",
+                            "grpo_terminal_bench_local.yaml", "--tasks", str(TASKS), "--rebuild", "--logs",
+                            str(open_folder / "logs")], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert check.returncode == 2 and "--rebuild needs env.sandbox.task_images: build" in check.stderr
+    assert not (open_folder / "logs").exists()   # refused before any task ran
 
 
 def _verifier_network_task(where: Path) -> Path:
