@@ -42,11 +42,22 @@ NOTE_CHARS = 160
 TELLING_NOTES = ("no pytest record", "verifier error", "reward hack")
 
 
+ERROR_CLASSES = [   # what a SWE row's error says, as the class of its cause
+    (re.compile(r"repository \S+ not found|cannot (export|check out|bundle) "), "repository"),
+    (re.compile(r"needs Python [\d.]+, which this machine does not have"), "python version"),
+    (re.compile(r"harness has no specification|not a Python repository of the harness|published image"),
+     "no environment"),
+]
+
+
 def cause(result, agent: str) -> str:
     """Why a task failed its check, as a class a user can act on."""
     error = result.error or ""
-    if error.startswith("image build"):
+    if error.startswith("image build") or ".Dockerfile failed:" in error:
         return "image build"
+    for pattern, kind in ERROR_CLASSES:
+        if pattern.search(error):
+            return kind
     if error:
         return "sandbox"
     if result.tests_ran == "no":

@@ -50,7 +50,10 @@ from dockyard.data.datasets import Prompt, split_row_slice
 from dockyard.envs.grading import (SHADOW_PACKAGES, new_plugin_name, read_records, shadows_test_machinery,
                                    verifier_env, verifier_files)
 from dockyard.envs.swe_server import RemoteScorers, ScoringServerError, read_secret
-from dockyard.envs.swe_tasks import RepoStore, SweTask, SweTaskError, patch_files, read_task_file, task_from_row
+from dockyard.envs import swe_harness
+from dockyard.envs.swe_environments import PYTHON_POLICIES, EnvironmentBuilder, RowEnvironment
+from dockyard.envs.swe_tasks import (PYTEST, RepoStore, SweTask, SweTaskError, patch_files, read_task_file,
+                                     task_from_row)
 from dockyard.envs.terminal_bench import ShellEpisode
 from dockyard.envs.terminal_trial import TrialResult
 from dockyard.sandboxes.base import SandboxError, SandboxSpec
@@ -127,9 +130,18 @@ def shadowing_paths(patch: str) -> list[str]:
     return flagged
 
 
-def integrity_findings(task: SweTask, patch: str) -> list[str]:
-    """The integrity check: test files a patch touches, and what it adds that shadows test machinery."""
-    return list(dict.fromkeys(edited_tests(task, patch) + shadowing_paths(patch)))
+def runner_files(command: str, patch: str) -> list[str]:
+    """Files of the repository the test command runs as its program (sympy's bin/test, django's
+    tests/runtests.py) that a patch touches: their output is what the harness's parsers read."""
+    programs = {os.path.normpath(word) for word in shlex.split(command, posix=True)
+                if "/" in word and not word.startswith(("/", "-")) and "=" not in word}
+    return [path for path in patch_files(patch) if os.path.normpath(path) in programs]
+
+
+def integrity_findings(task: SweTask, patch: str, command: str = "") -> list[str]:
+    """The integrity check: test files a patch touches, the test runner's program, and what it adds that
+    shadows test machinery."""
+    return list(dict.fromkeys(edited_tests(task, patch) + runner_files(command, patch) + shadowing_paths(patch)))
 
 
 @dataclass
@@ -141,32 +153,44 @@ class SweResult:
     statuses: dict[str, str] = field(default_factory=dict)
     log: str = ""
     seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)   # how the row's environment differs from the harness's
+    tests_ran: str | None = None   # "pytest record", "runner log" (the harness's parser over its output), "no"
+
+
+def row_sandbox(task: SweTask, repos: RepoStore, environments: EnvironmentBuilder | None
+                ) -> tuple[SandboxSpec, RowEnvironment | None]:
+    """The row's own environment (env.sandbox.task_images: build), else its checkout on the sandbox's."""
+    if environments is not None:
+        row = environments.environment_for(task)
+        return SandboxSpec(workdir=TESTBED, env=dict(row.image.env), name=f"task {task.instance_id}",
+                           image=row.image.tag, rootfs=row.image.rootfs), row
+    return SandboxSpec(workdir=TESTBED, files=[(repos.checkout(task), TESTBED)], name=f"task {task.instance_id}"), None
 
 
 class SweScorer:
     """Scores patches for SWE tasks in fresh sandboxes (steps 1-5 of the module doc)."""
 
     def __init__(self, sandboxes: SandboxFactory, repos: RepoStore, reward_mode: str = "binary",
-                 integrity_check: bool = True):
+                 integrity_check: bool = True, environments: EnvironmentBuilder | None = None):
         self.sandboxes, self.repos = sandboxes, repos
         self.reward_mode, self.integrity_check = reward_mode, integrity_check
+        self.environments = environments
 
     def score(self, task: SweTask, patch: str) -> SweResult:
         started = time.monotonic()
-        flagged = integrity_findings(task, patch)
+        command = command_for(task, built=self.environments is not None)
+        flagged = integrity_findings(task, patch, command)
         if flagged and self.integrity_check:
             return SweResult(0.0, flagged=flagged, seconds=time.monotonic() - started,
-                             log=f"integrity check: the patch edits test files or adds what shadows test machinery "
-                                 f"({', '.join(flagged)}); scored 0")
-        checkout = self.repos.checkout(task)
+                             log=f"integrity check: the patch edits test files, the test runner or adds what shadows "
+                                 f"test machinery ({', '.join(flagged)}); scored 0")
+        spec, row = row_sandbox(task, self.repos, self.environments)
         limit = self.sandboxes.limits.command_timeout_s
-        with tempfile.TemporaryDirectory() as scratch, \
-                self.sandboxes.create(SandboxSpec(workdir=TESTBED, files=[(checkout, TESTBED)],
-                                                  name=f"task {task.instance_id}")) as sandbox:
+        with tempfile.TemporaryDirectory() as scratch, self.sandboxes.create(spec) as sandbox:
             Path(scratch, "model.patch").write_text(patch)
             Path(scratch, "test.patch").write_text(task.test_patch)
             sandbox.copy_in(Path(scratch), "/patches", read_only=True)
-            log = []
+            notes, log = list(row.notes) if row else [], []
             if task.setup_command.strip():
                 setup = sandbox.run(task.setup_command, timeout_s=limit)
                 log.append(setup.output)
@@ -179,8 +203,9 @@ class SweScorer:
                                       timeout_s=limit)
                 log.append(applied.output)
                 if not applied.ok:
-                    return SweResult(0.0, flagged=flagged, seconds=time.monotonic() - started,
+                    return SweResult(0.0, flagged=flagged, seconds=time.monotonic() - started, notes=notes,
                                      log="\n".join(log) + "\n[the patch does not apply]")
+            # the harness's reset: the files the test patch touches, as they were at base_commit
             reset = " ; ".join(f"{{ git checkout -q {task.base_commit} -- {shlex.quote(path)} 2>/dev/null || rm -f {shlex.quote(path)}; }}"
                                for path in patch_files(task.test_patch))
             tests_in = sandbox.run(f"{reset} ; git apply /patches/test.patch", timeout_s=limit)
@@ -188,15 +213,42 @@ class SweScorer:
                 raise SweTaskError(f"{task.where}: its test_patch does not apply at base_commit "
                                    f"({_status(tests_in)}): {tests_in.output.strip()[-300:]}")
             plugin = new_plugin_name()
-            env, _ = verifier_env(sandbox, {}, [], safe_path=False, plugin_autoload=True, plugin=plugin)
+            env, _ = verifier_env(sandbox, {**spec.env, **(row.test_env if row else {})}, [], safe_path=False,
+                                  plugin_autoload=True, plugin=plugin)
             sandbox.place(verifier_files(Path(scratch) / "verifier", plugin))
-            run = sandbox.run(task.test_command, timeout_s=limit, env=env, replace_env=True)
+            log.append(f"+ {command}")
+            run = sandbox.run(command, timeout_s=limit, env=env, replace_env=True)
             sandbox.end_processes()
             log.append(run.output)
-            records, problems = read_records(sandbox)
-        statuses: dict[str, str] = {}
-        for record in records:
-            statuses.update(record.tests)
+            records, problems = read_records(sandbox) if swe_harness.runs_pytest(command) else ([], [])
+        statuses, why = self.statuses(task, command, patch, run.output, records, problems)
+        if why:
+            return SweResult(0.0, False, True, flagged + why[1], {}, "\n".join(log) + f"\n[verifier: {why[0]}; scored 0]",
+                             time.monotonic() - started, notes, "no")
+        report, resolution = swe_harness.grade(task.fail_to_pass, task.pass_to_pass, statuses)
+        passed, broken = report["FAIL_TO_PASS"]["success"], report["PASS_TO_PASS"]["failure"]
+        resolved = resolution == "RESOLVED_FULL"
+        if self.reward_mode == "binary":
+            reward = 1.0 if resolved else 0.0
+        else:
+            reward = 0.0 if broken else len(passed) / len(task.fail_to_pass)
+        summary = (f"[FAIL_TO_PASS {len(passed)}/{len(task.fail_to_pass)} pass; PASS_TO_PASS "
+                   f"{len(task.pass_to_pass) - len(broken)}/{len(task.pass_to_pass)} pass; {resolution}"
+                   + (f"; tests timed out after {limit:.0f} s" if run.timed_out else "") + "]")
+        return SweResult(reward, resolved, True, flagged, statuses, "\n".join(log) + "\n" + summary,
+                         time.monotonic() - started, notes,
+                         "pytest record" if swe_harness.runs_pytest(command) else "runner log")
+
+    @staticmethod
+    def statuses(task: SweTask, command: str, patch: str, output: str, records, problems
+                 ) -> tuple[dict[str, str], tuple[str, list[str]] | None]:
+        """Each test's status in the harness's words, and (why, flagged files) when the run cannot be trusted.
+        pytest runs: from the record pytest wrote where only the verifier writes, through the repository's
+        parser (as a -rA summary); other runners (django's runtests.py, sympy's bin/test): the harness's
+        parser over their output."""
+        parser = swe_harness.log_parser(task.repo) or swe_harness.log_parser("pytest-dev/pytest")
+        if not swe_harness.runs_pytest(command):
+            return parser(output), None
         touched = {f"{TESTBED}/{path}" for path in patch_files(patch)}
         # plugins only: a patch may edit pyproject.toml or setup.cfg for its own reasons while pytest reads
         # them; the integrity check refuses pytest.ini and conftest.py edits
@@ -204,20 +256,24 @@ class SweScorer:
         if foreign or problems or not records:
             why = (f"pytest loaded a plugin from a file the patch touched ({', '.join(foreign)})" if foreign
                    else problems[0] if problems else "pytest wrote no record (the tests did not run pytest to its end)")
-            return SweResult(0.0, False, True, flagged + foreign, {}, "\n".join(log) + f"\n[verifier: {why}; scored 0]",
-                             time.monotonic() - started)
-        passed = [test for test in task.fail_to_pass if statuses.get(test) in PASSING]
-        broken = [test for test in task.pass_to_pass if statuses.get(test) not in PASSING]
-        resolved = len(passed) == len(task.fail_to_pass) and not broken
-        if self.reward_mode == "binary":
-            reward = 1.0 if resolved else 0.0
-        else:
-            reward = 0.0 if broken else len(passed) / len(task.fail_to_pass)
-        summary = (f"[FAIL_TO_PASS {len(passed)}/{len(task.fail_to_pass)} pass; PASS_TO_PASS "
-                   f"{len(task.pass_to_pass) - len(broken)}/{len(task.pass_to_pass)} pass"
-                   + (f"; tests timed out after {limit:.0f} s" if run.timed_out else "") + "]")
-        return SweResult(reward, resolved, True, flagged, statuses, "\n".join(log) + "\n" + summary,
-                         time.monotonic() - started)
+            return {}, (why, foreign)
+        found: dict[str, str] = {}
+        for record in records:
+            found.update(record.tests)
+        return parser(swe_harness.summary_from_record(found)), None
+
+
+def command_for(task: SweTask, built: bool) -> str:
+    """The row's own test_cmd; else, with the row's environment built, the harness's test command for the
+    repository and version with its directives; else pytest over the directives on the sandbox's Python
+    (the harness's command when it is not pytest)."""
+    if task.own_test_command:
+        return task.own_test_command
+    spec = swe_harness.spec_for(task.repo, task.row.get("version"))
+    directives = " ".join(shlex.quote(d) for d in task.test_files)
+    if spec and (built or not swe_harness.runs_pytest(spec["test_cmd"])):
+        return f"{spec['test_cmd']} {directives}"
+    return f"{PYTEST} {directives}"
 
 
 def _status(result) -> str:
@@ -229,10 +285,11 @@ class SweEnvironment:
     sandbox; the diff it leaves is the patch). Either way the patch is scored by the task's tests."""
 
     multi_turn = None    # either way: single shot without env.agent, agentic with one
+    task_images = True   # reads env.sandbox.task_images: build makes each row's environment (swe_environments.py)
     tools = TERMINAL_TOOLS
     AGENT_KEYS = frozenset({"tool_format", "max_output_chars"})
-    EXTRA_KEYS = frozenset({"reward_mode", "integrity_check", "repos_dir", "sandbox_urls", "scoring_secret_file"}) \
-        | AGENT_KEYS
+    EXTRA_KEYS = frozenset({"reward_mode", "integrity_check", "repos_dir", "sandbox_urls", "scoring_secret_file",
+                            "python_versions"}) | AGENT_KEYS
 
     @classmethod
     def check_settings(cls, config: EnvConfig) -> dict:
@@ -244,6 +301,14 @@ class SweEnvironment:
         agent_only = sorted(set(extra) & cls.AGENT_KEYS)
         if agent_only and config.agent is None:
             raise ValueError(f"env.{agent_only[0]}: a setting of the agentic swe (env.agent); single shot has no tools")
+        swe_harness.spec_for("django/django", "4.2")   # the harness is importable (else: how to install it)
+        policy = extra.get("python_versions")
+        if policy is not None:
+            if policy not in PYTHON_POLICIES:
+                raise ValueError(f"env.python_versions: {policy!r} is not one of {', '.join(PYTHON_POLICIES)}")
+            if config.sandbox is None or config.sandbox.task_images != "build":
+                raise ValueError("env.python_versions: only per-row environments read it (env.sandbox.task_images: "
+                                 "build); remove it")
         mode = extra.get("reward_mode", "binary")
         if mode not in REWARD_MODES:
             raise ValueError(f"env.reward_mode: {mode!r} is not one of {', '.join(REWARD_MODES)}")
@@ -276,7 +341,8 @@ class SweEnvironment:
         self.sandboxes = (SandboxFactory(config.sandbox or SandboxConfig()) if self.multi_turn or not urls else None)
         self.remote = RemoteScorers(urls, config.task_timeout_s, read_secret(extra.get("scoring_secret_file"))) \
             if urls else None
-        self.scorer = None if urls else SweScorer(self.sandboxes, self.repos, mode, integrity)
+        self.environments = EnvironmentBuilder.for_config(self.sandboxes, self.repos, config)
+        self.scorer = None if urls else SweScorer(self.sandboxes, self.repos, mode, integrity, self.environments)
         self.reward_mode, self.integrity_check = mode, integrity
         self._tasks: dict[tuple[str, str], SweTask] = {}
         self._lock = threading.Lock()
@@ -331,28 +397,36 @@ class SweEnvironment:
         return extract_patch(completion) is not None
 
     @classmethod
-    def reference_trials(cls, cfg, source: Path, agent: str) -> tuple[list[TrialResult], list[str]]:
+    def reference_trials(cls, cfg, source: Path, agent: str, rebuild: bool = False) -> tuple[list[TrialResult], list[str]]:
         """`dockyard env check`: the oracle submits each task's reference patch, the no-op agent an
-        empty one; bad rows are reported apart and the rest are checked."""
+        empty one; bad rows are reported apart and the rest are checked (`rebuild`: each row's
+        environment built again from nothing first)."""
         file, rows = split_row_slice(str(source))
         tasks, problems = read_task_file(file)
         if rows != slice(None):
             tasks = tasks[rows]
         env = cls(cfg.env)
+        if env.environments is not None:
+            env.environments.rebuild = rebuild
 
         def trial(task: SweTask) -> TrialResult:
             result = TrialResult(task.instance_id, 0.0, 0.0)
             try:
                 scored = env.judge(task, task.patch if agent == "oracle" else "")
                 result.reward, result.test_output, result.seconds = scored.reward, scored.log, scored.seconds
+                result.tests_ran = scored.tests_ran
+                result.notes += scored.notes
                 if scored.flagged:
                     result.notes.append(f"integrity check flagged {', '.join(scored.flagged)}")
             except (SweTaskError, SandboxError, ScoringServerError) as err:
                 result.error = str(err)
             return result
 
-        with ThreadPoolExecutor(max_workers=cfg.env.num_workers) as pool:
-            return list(pool.map(trial, tasks)), problems
+        try:
+            with ThreadPoolExecutor(max_workers=cfg.env.num_workers) as pool:
+                return list(pool.map(trial, tasks)), problems
+        finally:
+            env.repos.close()
 
 
 class SweEpisode(ShellEpisode):
@@ -362,15 +436,20 @@ class SweEpisode(ShellEpisode):
 
     def __init__(self, env: SweEnvironment, task: SweTask):
         self.env, self.task = env, task
-        checkout = env.repos.checkout(task)
-        sandbox = env.sandboxes.create(SandboxSpec(workdir=TESTBED, files=[(checkout, TESTBED)],
-                                                   name=f"task {task.instance_id}"))
+        spec, _ = row_sandbox(task, env.repos, env.environments)
+        sandbox = env.sandboxes.create(spec)
         super().__init__(sandbox, env.config.task_timeout_s, env.max_output_chars, f"task {task.instance_id}")
         if task.setup_command.strip():
             setup = sandbox.run(task.setup_command)
             if not setup.ok:
                 sandbox.destroy()
                 raise SweTaskError(f"{task.where}: before_repo_set_cmd failed ({_status(setup)})")
+        # where the agent starts: base_commit, or the harness's set-up commit on a built environment
+        start = sandbox.run("git rev-parse HEAD")
+        if not start.ok:
+            sandbox.destroy()
+            raise SweTaskError(f"{task.where}: the repository in the sandbox has no HEAD: {start.output.strip()[-200:]}")
+        self.start = start.output.strip().splitlines()[-1]
 
     def patch(self) -> str:
         """The agent's changes as a diff against base_commit (new files included; caches left out), taken
@@ -379,7 +458,7 @@ class SweEpisode(ShellEpisode):
         env, _ = verifier_env(self.sandbox, {}, [], safe_path=True, plugin_autoload=False, plugin=None)
         saved = f"{TESTBED}/.git/dockyard-agent.patch"
         result = self.sandbox.run("rm -rf .pytest_cache; find . -name __pycache__ -type d -prune -exec rm -rf {} +; "
-                                  f"git add -A && git diff --cached --no-color {self.task.base_commit} > {saved}",
+                                  f"git add -A && git diff --cached --no-color {self.start} > {saved}",
                                   env={**env, "HOME": TESTBED}, replace_env=True)
         if not result.ok:
             return ""

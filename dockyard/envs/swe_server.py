@@ -99,8 +99,9 @@ class ScoreRequest(BaseModel):
     integrity_check: bool = True
 
 
-def build_app(sandboxes, tasks: dict, repos: RepoStore, secret: str):
-    """tasks: instance_id -> SweTask of the server's own config; only those are scored."""
+def build_app(sandboxes, tasks: dict, repos: RepoStore, secret: str, environments=None):
+    """tasks: instance_id -> SweTask of the server's own config; only those are scored, each on its own
+    environment when `environments` (swe_environments.EnvironmentBuilder: env.sandbox.task_images build)."""
     from fastapi import FastAPI, Header, HTTPException
 
     from dockyard.envs.swe import REWARD_MODES, SweScorer
@@ -125,7 +126,7 @@ def build_app(sandboxes, tasks: dict, repos: RepoStore, secret: str):
         if task is None:
             raise HTTPException(status_code=404, detail=f"task {request.instance_id!r} is not one of this server's "
                                                         f"{len(tasks)} tasks (its config's data.datasets)")
-        scorer = SweScorer(sandboxes, repos, request.reward_mode, request.integrity_check)
+        scorer = SweScorer(sandboxes, repos, request.reward_mode, request.integrity_check, environments)
         try:
             result = scorer.score(task, request.patch)
         except (SweTaskError, SandboxError) as err:
@@ -172,6 +173,9 @@ def serve(cfg, host: str, port: int, address_file: str | None) -> int:
         print("dockyard env serve-swe: no swe task in the config's data.datasets; nothing to score", file=sys.stderr)
         return 2
     repos = RepoStore((cfg.env.model_extra or {}).get("repos_dir"))
+    from dockyard.envs.swe_environments import EnvironmentBuilder
+
+    environments = EnvironmentBuilder.for_config(sandboxes, repos, cfg.env)   # task_images: build, as in the run
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)   # the trainer's preemption warning, not ours
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -185,5 +189,5 @@ def serve(cfg, host: str, port: int, address_file: str | None) -> int:
         os.replace(tmp, target)
     print(f"dockyard env serve-swe: scoring {len(tasks)} tasks with {sandboxes.config.type} sandboxes on {host}:{port}",
           file=sys.stderr, flush=True)
-    uvicorn.Server(uvicorn.Config(build_app(sandboxes, tasks, repos, secret), log_level="warning")).run(sockets=[sock])
+    uvicorn.Server(uvicorn.Config(build_app(sandboxes, tasks, repos, secret, environments), log_level="warning")).run(sockets=[sock])
     return 0

@@ -9,9 +9,10 @@ SWE-bench Pro: the same core with lower-case fail_to_pass / pass_to_pass, plus r
     interface, repo_language, before_repo_set_cmd (shell lines that put the repository in its
     starting state) and selected_test_files_to_run (a JSON list of the test files to run).
 
-The tests run are `test_cmd` when a row has one (this project's addition, for repositories whose tests
-are not pytest), else `python3 -m pytest -rA -p no:cacheprovider` over the Pro row's selected test
-files or the files the test patch touches; pytest's -rA summary gives each test's status.
+The test directives are the Pro row's selected test files, else what the official harness derives
+from the test patch (swe_harness.py: test files only, by their new names, django's as module paths);
+the command that runs them is chosen by the scorer (swe.test_command), unless the row has its own
+`test_cmd` (this project's addition, for repositories the harness does not know).
 
 Repositories are not downloaded: `owner/name` is looked up in the repos folder (env.repos_dir; by
 default `repos/` beside the task file) as `owner__name.bundle` (a git bundle), `owner__name/` or
@@ -20,16 +21,21 @@ default `repos/` beside the task file) as `owner__name.bundle` (a git bundle), `
 
 from __future__ import annotations
 
+import ast
+import atexit
 import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+
+from dockyard.envs import swe_harness
+from dockyard.sandboxes.owners import owner_token
+from dockyard.sandboxes.reaping import SWE_REPOS_PREFIX
 
 PYTEST = "python3 -m pytest -rA -p no:cacheprovider"
 _DIFF_PATH = re.compile(r"^(?:diff --git a/(\S+) b/(\S+)|--- a/(\S+)|\+\+\+ b/(\S+)|rename (?:from|to) (\S+))",
@@ -50,8 +56,8 @@ class SweTask:
     test_patch: str
     fail_to_pass: list[str]
     pass_to_pass: list[str]
-    test_files: list[str]      # the files the tests run over
-    test_command: str
+    test_files: list[str]      # the test directives: Pro's selected test files, else the harness's from the test patch
+    own_test_command: str      # the row's test_cmd (this project's addition), "" when the harness decides
     setup_command: str         # SWE-bench Pro's before_repo_set_cmd ("" for SWE-bench)
     source: str                # the task file (and line), for messages
     task_file: str             # the task file, which the default repos folder is beside
@@ -80,7 +86,11 @@ def _test_ids(row: dict, names: tuple[str, ...], where: str) -> list[str]:
                 try:
                     value = json.loads(value) if value.strip() else []
                 except json.JSONDecodeError as err:
-                    raise SweTaskError(f"{where}: {name} is not a JSON list of test ids ({err.msg})") from None
+                    try:   # SWE-bench Pro publishes Python's repr of the list: ['a', 'b']
+                        value = ast.literal_eval(value)
+                    except (ValueError, SyntaxError, MemoryError, RecursionError):
+                        raise SweTaskError(f"{where}: {name} is not a JSON (or Python) list of test ids ({err.msg})") \
+                            from None
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise SweTaskError(f"{where}: {name} must be a list of test ids, got {type(value).__name__}")
             return value
@@ -103,11 +113,13 @@ def task_from_row(row: dict, task_file: str, line: int | None = None) -> SweTask
         raise SweTaskError(f"{where}: FAIL_TO_PASS is empty: no test shows the fix")
     selected = row.get("selected_test_files_to_run")
     test_files = (_test_ids(row, ("selected_test_files_to_run",), where) if selected
-                  else patch_files(row["test_patch"]))
-    command = row.get("test_cmd") or f"{PYTEST} {' '.join(shlex.quote(f) for f in test_files)}"
+                  else swe_harness.test_directives(row))
+    command = row.get("test_cmd") or ""
+    if not isinstance(command, str):
+        raise SweTaskError(f"{where}: test_cmd must be a shell command, got {type(command).__name__}")
     return SweTask(instance_id, row["repo"], row["base_commit"], str(row.get("problem_statement", "")),
                    str(row.get("patch") or ""), row["test_patch"], fail_to_pass, pass_to_pass, test_files,
-                   str(command), str(row.get("before_repo_set_cmd") or ""), source, str(task_file), row)
+                   command, str(row.get("before_repo_set_cmd") or ""), source, str(task_file), row)
 
 
 def read_task_file(path: str | Path) -> tuple[list[SweTask], list[str]]:
@@ -139,9 +151,11 @@ class RepoStore:
 
     def __init__(self, repos_dir: str | Path | None):
         self.repos_dir = Path(repos_dir) if repos_dir else None
-        self._scratch = Path(tempfile.mkdtemp(prefix="dockyard-swe-repos-"))
+        # named for its owner: a run that dies leaves it, and the next one reaps it (sandboxes/reaping.py)
+        self._scratch = Path(tempfile.mkdtemp(prefix=f"{SWE_REPOS_PREFIX}{owner_token()}-"))
         self._ready: dict[tuple[str, str], Path] = {}
         self._lock = threading.Lock()
+        atexit.register(self.close)
 
     def folder_for(self, task: SweTask) -> Path:
         return self.repos_dir or Path(task.task_file).resolve().parent / "repos"
@@ -162,6 +176,53 @@ class RepoStore:
             if key not in self._ready:
                 self._ready[key] = self._clone(task)
             return self._ready[key]
+
+    def _git(self, argv: list[str], task: SweTask, what: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GIT_CONFIG_GLOBAL": "/dev/null",
+               "GIT_TERMINAL_PROMPT": "0", "HOME": str(self._scratch)}
+        try:
+            return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=env)
+        except subprocess.TimeoutExpired:
+            raise SweTaskError(f"{task.where}: {what} took over {timeout_s:.0f} s") from None
+
+    def export(self, task: SweTask, target: Path) -> None:
+        """The repository at base_commit in `target` with only the history up to it: no branch, tag or
+        object of later commits, where the reference fix would be one `git log --all` away. The tags of
+        earlier commits stay (as the harness keeps them): setuptools-scm versions the package from them."""
+        checkout = self.checkout(task)
+        upload = "git -c uploadpack.allowAnySHA1InWant=true upload-pack"
+        for argv in (["git", "init", "-q", str(target)],
+                     ["git", "-C", str(target), "fetch", "-q", "--no-tags", f"--upload-pack={upload}", str(checkout),
+                      task.base_commit],
+                     ["git", "-C", str(target), "-c", "advice.detachedHead=false", "checkout", "-q", "-B", "main",
+                      "FETCH_HEAD"]):
+            done = self._git(argv, task, f"exporting {task.repo} at {task.base_commit[:12]}")
+            if done.returncode != 0:
+                incomplete = re.search(r"unable to read|missing (blob|tree|object)|corrupt", done.stderr)
+                raise SweTaskError(f"{task.where}: cannot export {task.repo} at {task.base_commit}: "
+                                   + ("the repository store lacks objects that commit needs (an incomplete copy, "
+                                      "such as a snapshot without its large files): " if incomplete else "")
+                                   + (done.stderr.strip()[-300:] or "git failed"))
+        merged = self._git(["git", "-C", str(checkout), "tag", "--merged", task.base_commit], task, "listing tags")
+        tags = [f"refs/tags/{tag}:refs/tags/{tag}" for tag in merged.stdout.split()]
+        if tags:
+            self._git(["git", "-C", str(target), "fetch", "-q", "--no-tags", f"--upload-pack={upload}", str(checkout),
+                       *tags], task, f"copying the tags of {task.repo}")
+
+    def bundle(self, task: SweTask, exported: Path, target: Path) -> None:
+        """An exported repository (export()) as a git bundle of its branch and tags, the same bytes for
+        the same commits (one packing thread)."""
+        done = self._git(["git", "-C", str(exported), "-c", "pack.threads=1", "bundle", "create", "-q", str(target),
+                          "main", "--tags"], task, f"bundling {task.repo}")
+        if done.returncode != 0:
+            raise SweTaskError(f"{task.where}: cannot bundle {task.repo} at {task.base_commit}: "
+                               f"{done.stderr.strip()[-300:] or 'git failed'}")
+
+    def read_at(self, task: SweTask, commit: str, path: str) -> str | None:
+        """A file of the repository at `commit` (None when either is not there)."""
+        done = self._git(["git", "-C", str(self.checkout(task)), "show", f"{commit}:{path}"], task,
+                         f"reading {path} at {commit[:12]}", 60)
+        return done.stdout if done.returncode == 0 else None
 
     def _clone(self, task: SweTask) -> Path:
         source = self.source_of(task)

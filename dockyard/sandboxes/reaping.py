@@ -22,6 +22,8 @@ from dockyard.sandboxes.network import leftover_namespaces, remove_namespace
 from dockyard.sandboxes.owners import owner_alive
 
 _TOKEN = re.compile(r"(\d+-\d+)")
+# scratch folders of the SWE environment (swe_tasks.RepoStore's checkouts, swe_environments' build contexts)
+SWE_REPOS_PREFIX, SWE_BUILD_PREFIX = "dockyard-swe-repos-", "dockyard-swe-env-"
 _done = False
 _lock = threading.Lock()
 
@@ -59,13 +61,13 @@ def reap_leftovers() -> list[str]:
             remove_namespace(name)
             removed.append(f"network namespace {name}")
     temp = Path(tempfile.gettempdir())
-    for prefix in (FOLDER_PREFIX, "dockyard-podman-"):
+    for prefix in (FOLDER_PREFIX, "dockyard-podman-", SWE_REPOS_PREFIX, SWE_BUILD_PREFIX):
         for folder in temp.glob(prefix + "*"):
             token = _token(folder.name, prefix)
             if token and not owner_alive(token):
                 unmount(folder)
                 shutil.rmtree(folder, ignore_errors=True)
-                removed.append(f"sandbox folder {folder}")
+                removed.append(f"{'sandbox' if prefix in (FOLDER_PREFIX, 'dockyard-podman-') else 'SWE scratch'} folder {folder}")
     for group in leftover_cgroups():
         token = _token(group.name, FOLDER_PREFIX)
         if token and not owner_alive(token):

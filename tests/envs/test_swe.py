@@ -13,7 +13,7 @@ import pytest
 from dockyard.config import load_config
 from dockyard.config.schema.env import SandboxConfig
 from dockyard.envs.check import check
-from dockyard.envs.swe import SweScorer, edited_tests, extract_patch
+from dockyard.envs.swe import SweScorer, edited_tests, extract_patch, command_for
 from dockyard.envs.swe_tasks import RepoStore, SweTaskError, read_task_file, task_from_row
 from dockyard.sandboxes.bubblewrap import bwrap_path
 from dockyard.sandboxes.factory import SandboxFactory
@@ -65,7 +65,8 @@ def test_both_published_formats_load_from_the_shipped_sets():
     assert slug.fail_to_pass == ["tests/test_slug.py::test_slugify_collapses_separators"]
     assert slug.pass_to_pass == ["tests/test_slug.py::test_slugify_lowercases"]
     assert slug.test_files == ["tests/test_slug.py"] and slug.setup_command == ""
-    assert slug.test_command == "python3 -m pytest -rA -p no:cacheprovider tests/test_slug.py"
+    assert slug.own_test_command == "" and command_for(slug, built=False) == \
+        "python3 -m pytest -rA -p no:cacheprovider tests/test_slug.py"   # the harness knows no such repository
     pro = tasks("swe_pro.jsonl")["instance_dockyard-tasks__minicalc-format-duration"]
     assert pro.test_files == ["tests/test_format.py", "tests/test_duration.py"]   # selected_test_files_to_run
     assert len(pro.fail_to_pass) == 3 and pro.setup_command.startswith("git reset --hard")
@@ -108,7 +109,7 @@ def test_reward_modes_partial_fixes_and_broken_tests(repos, tmp_path):
     partial = partial.replace("@@ -9,3 +9,15 @@", "@@ -9,3 +9,13 @@")
     fraction = scorer(repos, "tests_pass").score(pro, partial)
     assert fraction.applied and fraction.reward == pytest.approx(2 / 3), fraction.log
-    assert fraction.statuses["tests/test_format.py::test_format_zero_and_negative"] == "failed"
+    assert fraction.statuses["tests/test_format.py::test_format_zero_and_negative"] == "FAILED"
     assert scorer(repos, "binary").score(pro, partial).reward == 0.0
     assert scorer(repos, "binary").score(pro, pro.patch).reward == 1.0
     # the fix of mean([]) that also breaks median (a PASS_TO_PASS test): 0 in both modes
@@ -119,8 +120,8 @@ def test_reward_modes_partial_fixes_and_broken_tests(repos, tmp_path):
     assert fixed.reward == 1.0, fixed.log
     both = diff_of(repos, mean_task, tmp_path / "b", fix, ("minicalc/stats.py", "ordered[len(ordered) // 2]", "ordered[0]"))
     broken = scorer(repos, "tests_pass").score(mean_task, both)
-    assert broken.statuses["tests/test_stats.py::test_mean_of_nothing_raises"] == "passed"
-    assert broken.statuses["tests/test_stats.py::test_median_odd"] == "failed" and broken.reward == 0.0
+    assert broken.statuses["tests/test_stats.py::test_mean_of_nothing_raises"] == "PASSED"
+    assert broken.statuses["tests/test_stats.py::test_median_odd"] == "FAILED" and broken.reward == 0.0
     garbage = scorer(repos).score(mean_task, "--- a/minicalc/nothere.py\n+++ b/minicalc/nothere.py\n@@ -1 +1 @@\n-x\n+y\n")
     assert garbage.reward == 0.0 and not garbage.applied and "does not apply" in garbage.log
 
@@ -185,7 +186,7 @@ def test_bad_rows_are_named_per_task_and_the_rest_are_checked(tmp_path):
 
 def test_a_row_is_refused_by_column():
     row = json.loads((SHIPPED / "swe_bench.jsonl").read_text().splitlines()[0])
-    with pytest.raises(SweTaskError, match=r"f.jsonl:7: task .*: FAIL_TO_PASS is not a JSON list"):
+    with pytest.raises(SweTaskError, match=r"f.jsonl:7: task .*: FAIL_TO_PASS is not a JSON \(or Python\) list"):
         task_from_row({**row, "FAIL_TO_PASS": "[tests"}, "f.jsonl", 7)
     with pytest.raises(SweTaskError, match="no base_commit"):
         task_from_row({k: v for k, v in row.items() if k != "base_commit"}, "f.jsonl", 1)

@@ -21,7 +21,7 @@ from dockyard.sandboxes.podman import podman_path
 from tests.conftest import REPO
 
 TASKS = Path(__file__).parent / "image_tasks"
-BASE = "localhost/dockyard-base:bookworm"
+from tests.envs.conftest import BASE
 needs_builder = pytest.mark.skipif(podman_path() is None or os.geteuid() != 0,
                                    reason="task images are built with podman as root (tools/install.sh)")
 
@@ -82,8 +82,10 @@ def test_task_images_are_refused_for_an_environment_that_does_not_read_them():
     from dockyard.config.loader import load_config
     from dockyard.loop.support import unsupported
 
-    swe = load_config(REPO / "configs" / "grpo_swe.yaml", ["env.sandbox.task_images=build"]).config
-    assert [p.path for p in unsupported(swe)] == ["env.sandbox.task_images"]
+    programs = load_config(REPO / "configs" / "grpo_program_bench_local.yaml", ["env.sandbox.task_images=build"]).config
+    assert [p.path for p in unsupported(programs)] == ["env.sandbox.task_images"]
+    swe = load_config(REPO / "configs" / "grpo_swe_local.yaml", ["env.sandbox.task_images=build"]).config
+    assert unsupported(swe) == []    # each row's environment (swe_environments.py)
     terminal = load_config(REPO / "configs" / "grpo_terminal_bench_local.yaml",
                            ["env.sandbox.task_images=build", f"env.sandbox.default_base_image={BASE}"]).config
     assert unsupported(terminal) == []
@@ -97,24 +99,6 @@ def test_a_cache_below_a_closed_folder_is_refused_for_bubblewrap(open_folder):
     with pytest.raises(SandboxError, match=f"env.sandbox.image_cache: .* is below {closed}, which the sandboxes' users "
                                            "cannot pass through"):
         SandboxFactory(SandboxConfig(type="bubblewrap", task_images="build", image_cache=str(closed / "cache")))
-
-
-@pytest.fixture(scope="module")
-def open_folder():
-    """A folder the sandboxes' users may pass through (pytest's own are 0700 as root)."""
-    folder = Path(tempfile.mkdtemp(prefix="dockyard-test-images-", dir="/var/tmp"))
-    folder.chmod(0o755)
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def base_image():
-    """The local Debian base (built once per machine by tools/build_base_image.sh, about a minute)."""
-    result = subprocess.run(["bash", str(REPO / "tools" / "build_base_image.sh"), BASE], capture_output=True,
-                            text=True, timeout=900)
-    assert result.returncode == 0, result.stderr
-    return BASE
 
 
 def _factory(kind: str, cache: Path) -> SandboxFactory:
