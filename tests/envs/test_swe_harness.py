@@ -240,3 +240,39 @@ def test_env_check_names_each_rows_cause_when_no_environment_can_be_made(tmp_pat
     assert "BROKEN own-image [no environment]: " in report and "swebench/swesmith.x86_64.owner__name.abc123" in report
     assert "BROKEN no-repository [repository]: " in report and "repository pylint-dev/astroid not found" in report
     assert "Traceback" not in report
+
+
+@pytest.mark.skipif(bwrap_path() is None or shutil.which("podman") is None or os.geteuid() != 0,
+                    reason="bubblewrap and podman as root (tools/install.sh)")
+def test_an_agent_on_a_built_environment_works_from_the_set_up_commit(monkeypatch, base_image, open_folder):
+    from dockyard.agents.tool_format import Action
+    from dockyard.config.schema.env import EnvConfig
+    from dockyard.data.datasets import Prompt
+    from dockyard.envs.swe import SweEnvironment
+
+    real_spec = swe_harness.spec_for
+    monkeypatch.setattr(swe_harness, "spec_for", lambda repo, version: MINICALC_SPEC
+                        if repo == "dockyard-tasks/minicalc" else real_spec(repo, version))
+    monkeypatch.setattr(swe_harness, "repo_install", lambda repo: None)
+    env = SweEnvironment(EnvConfig(name="swe", agent="tool_calling", sandbox=SandboxConfig(
+        type="bubblewrap", task_images="build", default_base_image=base_image, image_cache=str(open_folder / "images"),
+        command_exec_timeout_s=120, max_processes=64)))
+    row = next(json.loads(line) for line in (SHIPPED / "swe_bench.jsonl").read_text().splitlines()
+               if "minicalc-mean-empty" in line)
+    prompt = Prompt(row["problem_statement"], row["patch"], row, "swe", str(SHIPPED / "swe_bench.jsonl"))
+    handle = env.open(prompt)
+    try:
+        # the set-up (the venv's .pth) is in the harness's commit, not in the agent's diff; the agent's
+        # own commit does not hide its work either
+        assert handle.start != row["base_commit"]
+        fix = ("python - <<'EOF'\nimport pathlib\np = pathlib.Path('minicalc/stats.py')\nt = p.read_text()\n"
+               "p.write_text(t.replace('    return sum(values) / len(values)', "
+               "'    if not values:\\n        raise ValueError(\"mean of no values\")\\n    return sum(values) / len(values)'))\nEOF")
+        handle.execute(Action("tool", "bash", {"command": fix}))
+        handle.execute(Action("tool", "bash", {"command": "git -c user.name=a -c user.email=a@a commit -qam mine"}))
+        reward = handle.finish()
+        assert reward == 1.0, handle.events[-1]
+        assert "raise ValueError" in handle.events[-1]["patch"] and "testbed.pth" not in handle.events[-1]["patch"]
+    finally:
+        handle.close()
+        env.repos.close()
