@@ -121,17 +121,22 @@ def cmd_env_check(ns: argparse.Namespace) -> int:
 
 
 def cmd_env_build(ns: argparse.Namespace) -> int:
+    from dockyard import registry
     from dockyard.envs.check import task_source
-    from dockyard.envs.terminal_bench import build_command
     from dockyard.envs.terminal_tasks import TaskFormatError
     from dockyard.sandboxes.base import SandboxError
 
     loaded = _load(ns, "env build")
     if loaded is None:
         return EXIT_CONFIG
+    environment = registry.get("environment", loaded.config.env.name).factory
+    build = getattr(environment, "build_command", None)
+    if build is None:
+        print(f"dockyard env build: environment {loaded.config.env.name!r} builds no images (env.name)", file=sys.stderr)
+        return EXIT_CONFIG
     try:
-        return build_command(loaded.config, task_source(loaded.config, ns.tasks), rebuild=ns.rebuild)
-    except (TaskFormatError, SandboxError) as err:
+        return build(loaded.config, task_source(loaded.config, ns.tasks), rebuild=ns.rebuild)
+    except (TaskFormatError, SandboxError, ValueError) as err:
         print(f"dockyard env build: {err}", file=sys.stderr)
         return EXIT_CONFIG
 
@@ -257,8 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "(default: a new folder under /tmp, printed at the end)")
     env_check.add_argument("overrides", nargs="*", metavar="OVERRIDE", help="Hydra overrides")
     env_check.set_defaults(func=cmd_env_check)
-    env_build = env.add_parser("build", help="build every terminal task's image ahead of a run "
-                               "(env.sandbox.task_images: build), one line per task; exit 1 if one fails")
+    env_build = env.add_parser("build", help="build every terminal task's image, or every SWE row's "
+                               "environment, ahead of a run (env.sandbox.task_images: build), one line per task; "
+                               "exit 1 if one fails")
     _add_config_args(env_build)
     _add_task_set_args(env_build)
     env_build.add_argument("overrides", nargs="*", metavar="OVERRIDE", help="Hydra overrides")

@@ -47,10 +47,10 @@ from pathlib import Path, PurePosixPath
 from dockyard.agents.tool_format import TERMINAL_TOOLS
 from dockyard.config.schema.env import EnvConfig, SandboxConfig
 from dockyard.data.datasets import Prompt, split_row_slice
+from dockyard.envs import swe_harness
 from dockyard.envs.grading import (SHADOW_PACKAGES, new_plugin_name, read_records, shadows_test_machinery,
                                    verifier_env, verifier_files)
 from dockyard.envs.swe_server import RemoteScorers, ScoringServerError, read_secret
-from dockyard.envs import swe_harness
 from dockyard.envs.swe_environments import PYTHON_POLICIES, EnvironmentBuilder, RowEnvironment
 from dockyard.envs.swe_tasks import (PYTEST, RepoStore, SweTask, SweTaskError, patch_files, read_task_file,
                                      task_from_row)
@@ -427,6 +427,38 @@ class SweEnvironment:
                 return list(pool.map(trial, tasks)), problems
         finally:
             env.repos.close()
+
+
+    @classmethod
+    def build_command(cls, cfg, source: Path, out=sys.stdout, rebuild: bool = False) -> int:
+        """`dockyard env build`: every row's environment ahead of a run, one line per row (or again from
+        nothing with `rebuild`); exit 1 if one fails."""
+        file, rows = split_row_slice(str(source))
+        tasks, problems = read_task_file(file)
+        tasks = tasks[rows] if rows != slice(None) else tasks
+        for problem in problems:
+            print(f"BAD TASK {' '.join(problem.split())}", file=out)
+        if cfg.env.sandbox is None or cfg.env.sandbox.task_images != "build":
+            raise SandboxError("env.sandbox.task_images is host (nothing to build); set it to build")
+        env = cls(cfg.env)
+        env.environments.rebuild = rebuild
+        started, built, failed = time.monotonic(), 0, 0
+        try:
+            for number, task in enumerate(tasks, 1):
+                try:
+                    row = env.environments.environment_for(task)
+                except (SweTaskError, SandboxError) as err:
+                    failed += 1
+                    print(f"[{number}/{len(tasks)}] {task.instance_id}: failed: {' '.join(str(err).split())[:300]}",
+                          file=out, flush=True)
+                    continue
+                built += row.image.built_now
+                print(f"[{number}/{len(tasks)}] {task.instance_id}: {'; '.join(row.notes)}", file=out, flush=True)
+        finally:
+            env.repos.close()
+        print(f"{len(tasks)} rows: {built} built, {len(tasks) - built - failed} cached, {failed} failed, in "
+              f"{time.monotonic() - started:.1f} s (cache: {env.sandboxes.images.cache_dir})", file=out)
+        return 1 if failed or problems else 0
 
 
 class SweEpisode(ShellEpisode):

@@ -110,6 +110,10 @@ class TerminalBenchEnvironment:
             return self._images[task.folder]
 
     @classmethod
+    def build_command(cls, cfg, source: Path, out=sys.stdout, rebuild: bool = False) -> int:
+        return build_command(cfg, source, out, rebuild)
+
+    @classmethod
     def reference_trials(cls, cfg, source: Path, agent: str, out=sys.stderr, rebuild: bool = False
                          ) -> tuple[list[TrialResult], list[str]]:
         """`dockyard env check`: every task in a sandbox with the oracle or the no-op agent at work. A

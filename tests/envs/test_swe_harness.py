@@ -240,6 +240,14 @@ def test_env_check_names_each_rows_cause_when_no_environment_can_be_made(tmp_pat
     assert "BROKEN own-image [no environment]: " in report and "swebench/swesmith.x86_64.owner__name.abc123" in report
     assert "BROKEN no-repository [repository]: " in report and "repository pylint-dev/astroid not found" in report
     assert "Traceback" not in report
+    # `dockyard env build` names the same causes, one line per row
+    from dockyard.envs.swe import SweEnvironment
+
+    built = io.StringIO()
+    assert SweEnvironment.build_command(cfg, file, built) == 1
+    lines = built.getvalue().splitlines()
+    assert lines[0].startswith("[1/3] old-version: failed: ") and "no specification for sympy/sympy" in lines[0]
+    assert lines[2].startswith("[3/3] no-repository: failed: ") and lines[-1].startswith("3 rows: 0 built, 0 cached, 3 failed")
 
 
 @pytest.mark.skipif(bwrap_path() is None or shutil.which("podman") is None or os.geteuid() != 0,
