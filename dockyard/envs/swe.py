@@ -50,8 +50,8 @@ from dockyard.data.datasets import Prompt, split_row_slice
 from dockyard.envs import swe_harness
 from dockyard.envs.grading import (SHADOW_PACKAGES, new_plugin_name, read_records, shadows_test_machinery,
                                    verifier_env, verifier_files)
-from dockyard.envs.swe_server import RemoteScorers, ScoringServerError, read_secret
 from dockyard.envs.swe_environments import PYTHON_POLICIES, EnvironmentBuilder, RowEnvironment
+from dockyard.envs.swe_scoring_client import RemoteScorers, ScoringServerError, read_secret
 from dockyard.envs.swe_tasks import (PYTEST, RepoStore, SweTask, SweTaskError, patch_files, read_task_file,
                                      task_from_row)
 from dockyard.envs.terminal_bench import ShellEpisode

@@ -26,70 +26,16 @@ import os
 import signal
 import socket
 import sys
-import threading
 from pathlib import Path
 from typing import Optional
 
-import httpx
 from pydantic import BaseModel
 
-from dockyard.envs.swe_tasks import RepoStore, SweTaskError
+from dockyard.envs.swe import REWARD_MODES, SweScorer
+from dockyard.envs.swe_environments import EnvironmentBuilder
+from dockyard.envs.swe_scoring_client import read_secret
+from dockyard.envs.swe_tasks import RepoStore, SweTaskError, read_task_file
 from dockyard.sandboxes.base import SandboxError
-
-
-class ScoringServerError(RuntimeError):
-    """A scoring server did not answer, or answered with an error; the message names it."""
-
-
-def read_secret(path: str | None) -> str:
-    """The run's scoring secret from env.scoring_secret_file; ValueError naming the field when it is
-    missing, empty or readable by others."""
-    if not path:
-        raise ValueError("env.scoring_secret_file: scoring servers (env.sandbox_urls) need a secret shared by the "
-                         "run and the servers: a file holding a random string, readable by its owner only "
-                         "(`python3 -c 'import secrets; print(secrets.token_hex(32))' > F; chmod 600 F`)")
-    file = Path(path)
-    try:
-        mode = file.stat().st_mode
-        secret = file.read_text().strip()
-    except OSError as err:
-        raise ValueError(f"env.scoring_secret_file: {path} cannot be read ({err.strerror})") from None
-    if mode & 0o077:
-        raise ValueError(f"env.scoring_secret_file: {path} can be read by others (mode {mode & 0o777:o}); "
-                         f"`chmod 600 {path}`")
-    if len(secret) < 16:
-        raise ValueError(f"env.scoring_secret_file: {path} holds fewer than 16 characters; write a random string")
-    return secret
-
-
-class RemoteScorers:
-    """Sends each patch to the least-busy server of env.sandbox_urls."""
-
-    def __init__(self, urls: list[str], timeout_s: float, secret: str):
-        self.urls = [url.rstrip("/") for url in urls]
-        self.timeout_s = timeout_s
-        self.headers = {"Authorization": f"Bearer {secret}"}
-        self.in_flight = {url: 0 for url in self.urls}
-        self._lock = threading.Lock()
-
-    def score(self, request: dict) -> dict:
-        with self._lock:
-            url = min(self.urls, key=lambda u: self.in_flight[u])
-            self.in_flight[url] += 1
-        try:
-            response = httpx.post(f"{url}/score", json=request, timeout=self.timeout_s, headers=self.headers)
-        except httpx.HTTPError as err:
-            raise ScoringServerError(f"scoring server {url} (env.sandbox_urls) did not answer /score: "
-                                     f"{type(err).__name__}: {err}") from None
-        finally:
-            with self._lock:
-                self.in_flight[url] -= 1
-        if response.status_code in (404, 422):
-            raise SweTaskError(f"scoring server {url}: {response.json().get('detail')}")
-        if response.status_code != 200:
-            raise ScoringServerError(f"scoring server {url} answered /score with {response.status_code}: "
-                                     f"{response.text[:300]}")
-        return response.json()
 
 
 class ScoreRequest(BaseModel):
@@ -103,8 +49,6 @@ def build_app(sandboxes, tasks: dict, repos: RepoStore, secret: str, environment
     """tasks: instance_id -> SweTask of the server's own config; only those are scored, each on its own
     environment when `environments` (swe_environments.EnvironmentBuilder: env.sandbox.task_images build)."""
     from fastapi import FastAPI, Header, HTTPException
-
-    from dockyard.envs.swe import REWARD_MODES, SweScorer
 
     app = FastAPI(title="dockyard swe scoring server")
     expected = f"Bearer {secret}".encode()
@@ -139,8 +83,6 @@ def build_app(sandboxes, tasks: dict, repos: RepoStore, secret: str, environment
 
 def server_tasks(cfg) -> tuple[dict, list[str]]:
     """instance_id -> task of every swe task file in the config's data.datasets, and the problems."""
-    from dockyard.envs.swe_tasks import read_task_file
-
     tasks, problems = {}, []
     for dataset in cfg.data.datasets:
         path = getattr(dataset, "path", None)
@@ -173,8 +115,6 @@ def serve(cfg, host: str, port: int, address_file: str | None) -> int:
         print("dockyard env serve-swe: no swe task in the config's data.datasets; nothing to score", file=sys.stderr)
         return 2
     repos = RepoStore((cfg.env.model_extra or {}).get("repos_dir"))
-    from dockyard.envs.swe_environments import EnvironmentBuilder
-
     environments = EnvironmentBuilder.for_config(sandboxes, repos, cfg.env)   # task_images: build, as in the run
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)   # the trainer's preemption warning, not ours
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -258,7 +258,7 @@ def test_patches_are_scored_by_the_scoring_servers_in_sandbox_urls(scoring_serve
     from dockyard.config.schema.env import EnvConfig
     from dockyard.data.datasets import Prompt
     from dockyard.envs.swe import SweEnvironment
-    from dockyard.envs.swe_server import ScoringServerError
+    from dockyard.envs.swe_scoring_client import ScoringServerError
 
     dead = "http://127.0.0.1:9"   # the discard port: nothing listens
     env = SweEnvironment(EnvConfig(name="swe", sandbox_urls=[scoring_server], reward_mode="tests_pass",
