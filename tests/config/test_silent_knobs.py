@@ -177,6 +177,7 @@ def test_sandbox_and_environment_extras_are_checked_before_start():
     ("grpo_swe_local.yaml", "env.reward_mode=sometimes", "env.reward_mode: 'sometimes' is not one of binary, tests_pass"),
     ("grpo_swe_local.yaml", "+env.sandbox_urls=node3", "env.sandbox_urls: must be a list of http(s) URLs"),
     ("grpo_swe_local.yaml", "+env.tool_format=plain", "env.tool_format: a setting of the agentic swe"),
+    ("grpo_swe_local.yaml", "+env.python_versions=nearest", "env.python_versions: only per-row environments read it"),
     ("grpo_program_bench_local.yaml", "env.tests_per_problem=0", "env.tests_per_problem: must be a positive"),
     ("grpo_program_bench_local.yaml", "env.language=rust", "env.language: 'rust' is not built"),
     ("gpqa_local.yaml", "env.choices_shuffle_seed=x", "env.choices_shuffle_seed: must be a whole number"),
