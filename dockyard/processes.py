@@ -3,8 +3,10 @@ steps): stopping them within a grace time, and quoting the end of their logs in 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -75,3 +77,12 @@ def core_share(index: int, count: int, cores: int) -> tuple[str, int]:
         return str(core), 1
     first, last = index * cores // count, (index + 1) * cores // count - 1
     return (str(first) if first == last else f"{first}-{last}"), last - first + 1
+
+
+def publish_address(address_file: str | Path, port: int) -> None:
+    """A server's {host, port, pid}, written whole where its driver waits for it (a file renamed into
+    place: the driver never reads half of one)."""
+    target = Path(address_file)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(json.dumps({"host": socket.gethostname(), "port": port, "pid": os.getpid()}))
+    os.replace(tmp, target)

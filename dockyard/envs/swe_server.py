@@ -21,12 +21,9 @@ scored 422 with the reason; the client raises either, naming the server.
 from __future__ import annotations
 
 import hmac
-import json
-import os
 import signal
 import socket
 import sys
-from pathlib import Path
 from typing import Optional
 
 from pydantic import BaseModel
@@ -35,6 +32,7 @@ from dockyard.envs.swe import REWARD_MODES, SweScorer
 from dockyard.envs.swe_environments import EnvironmentBuilder
 from dockyard.envs.swe_scoring_client import read_secret
 from dockyard.envs.swe_tasks import RepoStore, SweTaskError, read_task_file
+from dockyard.processes import publish_address
 from dockyard.sandboxes.base import SandboxError
 
 
@@ -123,10 +121,7 @@ def serve(cfg, host: str, port: int, address_file: str | None) -> int:
     port = sock.getsockname()[1]
     sock.listen(128)   # connections made once the address is out wait in the backlog until uvicorn serves
     if address_file:
-        target = Path(address_file)
-        tmp = target.with_name(target.name + ".tmp")
-        tmp.write_text(json.dumps({"host": socket.gethostname(), "port": port, "pid": os.getpid()}))
-        os.replace(tmp, target)
+        publish_address(address_file, port)
     print(f"dockyard env serve-swe: scoring {len(tasks)} tasks with {sandboxes.config.type} sandboxes on {host}:{port}",
           file=sys.stderr, flush=True)
     uvicorn.Server(uvicorn.Config(build_app(sandboxes, tasks, repos, secret, environments), log_level="warning")).run(sockets=[sock])

@@ -11,9 +11,7 @@ routes (`/init_weights_update_group`, `/update_weights_from_distributed`, `/upda
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
 import signal
 import socket
 import sys
@@ -28,6 +26,7 @@ from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, Field
 
 from dockyard.distributed import DTYPE_NAMES, weight_sync_group
+from dockyard.processes import publish_address
 from dockyard.generation.engine import Completion, Engine, SamplingParams, mergeable
 
 log = logging.getLogger("dockyard.engine")
@@ -334,10 +333,7 @@ def main(argv=None) -> None:
     log.info("model %s loaded; serving on %s:%d", args.model, args.host, port)
     server = uvicorn.Server(uvicorn.Config(build_app(engine, args.model), log_level="warning"))
     if args.address_file:
-        target = Path(args.address_file)
-        tmp = target.with_name(target.name + ".tmp")
-        tmp.write_text(json.dumps({"host": socket.gethostname(), "port": port, "pid": os.getpid()}))
-        os.replace(tmp, target)
+        publish_address(args.address_file, port)
     server.run(sockets=[sock])
 
 

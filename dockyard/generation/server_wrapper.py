@@ -12,11 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import signal
 import socket
 import sys
 from pathlib import Path
+
+from dockyard.processes import publish_address
 
 
 class SamplingRefused(ValueError):
@@ -37,13 +38,6 @@ def _free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host if host not in ("", "0.0.0.0") else "", 0))
         return sock.getsockname()[1]
-
-
-def _publish(address_file: str, port: int) -> None:
-    target = Path(address_file)
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(json.dumps({"host": socket.gethostname(), "port": port, "pid": os.getpid()}))
-    os.replace(tmp, target)
 
 
 def _value(args: list[str], flag: str) -> str | None:
@@ -97,5 +91,5 @@ def prepare(argv: list[str], what: str) -> list[str] | None:
         port = _free_port(_value(serve, "--host") or "")
         serve = _set(serve, "--port", str(port))
     if args.address_file:
-        _publish(args.address_file, port)
+        publish_address(args.address_file, port)
     return serve
