@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+from dockyard.model_files import check_model_folder, missing_model_message
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
@@ -24,8 +26,6 @@ class ModelLoadError(RuntimeError):
 
 def readable_model_folder(path: str | Path) -> Path:
     """The folder, once its config, weights and their headers pass the preflight's checks."""
-    from dockyard.preflight.model_folders import check_model_folder
-
     folder = model_folder(path)
     problems, _ = check_model_folder("", str(folder))
     if problems:
@@ -42,8 +42,6 @@ def _load(what: str, loader, folder: Path):
 
 
 def model_folder(path: str | Path) -> Path:
-    from dockyard.preflight.model_folders import missing_model_message
-
     folder = Path(path).expanduser()
     if not (folder / "config.json").is_file():
         raise ModelNotFoundError(missing_model_message(folder))

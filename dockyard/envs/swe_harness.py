@@ -24,6 +24,10 @@ import re
 from typing import Callable
 
 # pytest's own statuses, in the words of the harness's log parsers
+class HarnessMissing(ValueError):
+    """The `swe` extra is not installed: the whole task set, not one row, cannot be scored."""
+
+
 RECORD_TO_HARNESS = {"passed": "PASSED", "failed": "FAILED", "error": "ERROR", "skipped": "SKIPPED",
                      "xfailed": "XFAIL", "xpassed": "XPASS"}
 INSTALL_HINT = "pip install -e '.[swe]' (the official SWE-bench harness, swebench==4.1.0)"
@@ -36,9 +40,7 @@ def _harness():
         from swebench.harness import constants, grading, log_parsers
         from swebench.harness.test_spec import python as test_spec_python
     except ImportError as err:
-        from dockyard.envs.swe_tasks import SweTaskError
-
-        raise SweTaskError(f"SWE-bench rows are scored with the official harness's logic: {INSTALL_HINT} "
+        raise HarnessMissing(f"SWE-bench rows are scored with the official harness's logic: {INSTALL_HINT} "
                            f"({err})") from None
     return constants, grading, log_parsers, test_spec_python
 

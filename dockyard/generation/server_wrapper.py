@@ -78,7 +78,7 @@ def prepare(argv: list[str], what: str) -> list[str] | None:
         print(f"dockyard {what} server: {err}", file=sys.stderr, flush=True)
         return None
     if serve and not serve[0].startswith("-") and Path(serve[0]).is_dir():
-        from dockyard.preflight.model_folders import check_model_folder
+        from dockyard.model_files import check_model_folder
 
         problems, _ = check_model_folder("", serve[0])   # changed since the preflight: named, not a traceback
         if problems:

@@ -37,7 +37,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from dockyard.config.schema.checkpointing import CheckpointingConfig
-from dockyard.io.hf_export import point_latest, write_hf_folder
+from dockyard.io.hf_folders import point_latest, write_hf_folder
 
 POINTER = "latest_checkpointed_iteration.txt"
 

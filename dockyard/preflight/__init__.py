@@ -52,8 +52,9 @@ def server_tensor_parallel(cfg: MasterConfig, teacher: bool = False) -> tuple[st
 
 def model_problems(cfg: MasterConfig) -> tuple[list[Problem], int]:
     """Every model, tokenizer and checkpoint folder the run reads; and the policy's parameter count."""
+    from dockyard.model_files import check_model_folder
     from dockyard.preflight.model_folders import (check_checkpoint_step, check_generation_tensor_parallel,
-                                                  check_model_folder, check_resume, check_tensor_parallel_plan,
+                                                  check_resume, check_tensor_parallel_plan,
                                                   check_tokenizer)
 
     problems, parameters = check_model_folder("policy.model_name", cfg.policy.model_name)
