@@ -19,7 +19,7 @@ if __name__ == "__main__":
     parser.add_argument("--folder", help="job folder on storage every node sees (server logs, rendezvous)")
     args = parser.parse_args()
     if not args.slurm:
-        from dockyard.loop.grpo import main
+        from dockyard.loop.entry import main
 
         sys.exit(main())
     if not (args.config and args.folder):

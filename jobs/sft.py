@@ -3,7 +3,7 @@
     python jobs/sft.py                                    one trainer rank as `dockyard run` starts it
     srun --het-group=0 python jobs/sft.py --slurm --config RESOLVED.yaml --folder DIR
 
-A trainer rank runs the loop its config asks for (dockyard.loop.grpo.main picks it: a config with an
+A trainer rank runs the loop its config asks for (dockyard.loop.entry.main picks it: a config with an
 `sft` section runs dockyard/loop/sft.py), so this refuses a config without one and then runs
 jobs/grpo.py's code.
 """

@@ -72,7 +72,7 @@ def stopped_while_starting(stopper: StopRequests) -> bool:
 
 
 def run_trainer_task(config_path: Path, plan: JobPlan, folder: Path) -> dict:
-    from dockyard.loop import grpo
+    from dockyard.loop import entry
 
     alloc = Allocation.from_env()
     cfg = read_resolved(config_path)
@@ -129,7 +129,7 @@ def run_trainer_task(config_path: Path, plan: JobPlan, folder: Path) -> dict:
         from datetime import timedelta
         dist.init_process_group(backend_for(device), store=store, rank=alloc.rank, world_size=alloc.world_size,
                                 timeout=timedelta(seconds=timeout_s))
-        code = grpo.main(stopper)
+        code = entry.main(stopper)
         cause = dead_server(steps, grace_s=10.0) if code != 0 and steps else None
         if cause:
             raise JobFailed(cause)

@@ -6,7 +6,7 @@ One step, phase by phase (each timed):
 
 Token in, token out: the trainer trains on the exact token ids the engine sampled.
 
-    python -m dockyard.loop.grpo     # started by `dockyard run` or a Slurm job, never by hand
+Started through dockyard/loop/entry.py (`python -m dockyard.loop`), which picks the loop a config asks for.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import logging
 import os
 import sys
 import threading
@@ -26,13 +25,10 @@ import torch
 import torch.distributed as dist
 
 from dockyard import registry
-from dockyard.config.errors import ConfigError
-from dockyard.config.loader import read_resolved
-from dockyard.config import topology
 from dockyard.config.schema import MasterConfig
 from dockyard.data.datasets import (DatasetError, Prompt, PromptLoader, build_messages, load_prompts,
                                     prompt_token_ids)
-from dockyard.distributed import WorldInfo, init_trainer_world
+from dockyard.distributed import WorldInfo
 from dockyard.distributed import backend_for
 from dockyard.generation.engine import SamplingParams
 from dockyard.generation.fleet import GeneratorFleet
@@ -42,15 +38,13 @@ from dockyard.generation.weight_transfer import FleetRefit, log_stderr
 from dockyard.algorithms.reward_transforms import sequence_kl
 from dockyard.io.checkpoint import (CheckpointLoadError, CheckpointManager, load_model_weights, rng_state,
                                    set_rng_state)
-from dockyard.io.loggers import LoggerStartError
 from dockyard.loop import stopping
 from dockyard.loop.agent_rollouts import AgentRolloutCollector
 from dockyard.loop.rollouts import RolloutCollector
 from dockyard.loop.safeguarding import apply_safeguards, enabled_safeguards
 from dockyard.loop.stopping import RunStopped
-from dockyard.loop.teachers import TeacherRoutingError
-from dockyard.models import DTYPES, ModelLoadError, ModelNotFoundError, load_tokenizer
-from dockyard.policy.dtensor import PolicySetupError, Sample, TrainingInterrupted
+from dockyard.models import DTYPES, ModelNotFoundError, load_tokenizer
+from dockyard.policy.dtensor import Sample, TrainingInterrupted
 from dockyard.policy.lora import BaseModelReference
 
 
@@ -624,86 +618,3 @@ def lora_base_is_reference(cfg: MasterConfig) -> bool:
     source = cfg.loss_fn.reference_model
     return cfg.policy.lora.enabled and not source.checkpoint_path and (
         source.hf_path is None or Path(source.hf_path).resolve() == Path(cfg.policy.model_name).resolve())
-
-
-def loop_for(cfg: MasterConfig) -> type[GRPOTrainer]:
-    """The trainer class of the config's loop; each loop lives in its own module."""
-    if cfg.sft is not None:
-        from dockyard.loop.sft import SFTTrainer
-        return SFTTrainer
-    if cfg.grpo.adv_estimator.name == "opd":
-        from dockyard.loop.distillation import OnPolicyDistillationTrainer
-        return OnPolicyDistillationTrainer
-    if cfg.grpo.async_grpo.enabled:
-        from dockyard.loop.async_grpo import AsyncGRPOTrainer
-        return AsyncGRPOTrainer
-    return GRPOTrainer
-
-
-def main(stopper: "stopping.StopRequests | None" = None) -> int:
-    config_path = os.environ["DOCKYARD_CONFIG"]
-    try:
-        cfg = read_resolved(config_path)
-    except ConfigError as err:
-        print(f"dockyard: {err}", file=sys.stderr, flush=True)
-        return 2
-    logging.basicConfig(level=cfg.logger.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if cfg.logger.log_level != "DEBUG":
-        # one INFO line per generation request would bury everything else
-        for chatty in ("httpx", "httpcore"):
-            logging.getLogger(chatty).setLevel(logging.WARNING)
-    threads = int(os.environ.get("DOCKYARD_THREADS", "0"))
-    if threads:
-        torch.set_num_threads(threads)
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cfg.cluster.gpus_per_node > 0 \
-        else torch.device("cpu")
-    torch.manual_seed(cfg.policy.seed)
-    if stopper is not None and stopper.device is None:
-        stopper.device = device
-    world = init_trainer_world(device, timeout_s=float(os.environ.get("DOCKYARD_COLLECTIVE_TIMEOUT_S", 1800)),
-                               model_parallel_size=topology.model_parallel_size(cfg))
-    try:
-        trainer = loop_for(cfg)(cfg, world, device, json.loads(os.environ.get("DOCKYARD_REPLICAS", "[]")),
-                                int(os.environ.get("DOCKYARD_WEIGHT_SYNC_PORT", 0)))
-        if stopper is not None:
-            trainer.stopper = stopper
-            if world.is_main:
-                stopper.on_signal = trainer.abort_generation
-        trainer.run()
-    except GenerationServerError as err:
-        print(f"dockyard: {err}", file=sys.stderr, flush=True)
-        return 3
-    except LoggerStartError as err:
-        print(f"dockyard: logger error: {err}", file=sys.stderr, flush=True)
-        return 2
-    except CheckpointLoadError as err:   # a resume step changed or broken since the preflight
-        print(f"dockyard: checkpoint error: {err}", file=sys.stderr, flush=True)
-        return 2
-    except DatasetError as err:
-        print(f"dockyard: data error: {err}", file=sys.stderr, flush=True)
-        return 2
-    except (ReferenceModelError, PolicySetupError, ConfigError, TeacherRoutingError) as err:
-        print(f"dockyard: {err}", file=sys.stderr, flush=True)
-        return 2
-    except (ModelLoadError, ModelNotFoundError) as err:   # changed since the preflight
-        print(f"dockyard: model error: {err}", file=sys.stderr, flush=True)
-        return 2
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    return 0
-
-
-def local_rank_main() -> int:
-    """A trainer rank of `dockyard run`. The driver turns Ctrl-C and SIGTERM into a SIGTERM to every
-    rank (run/local.py); the ranks agree on it at the next safe point, save and exit 0."""
-    stopper = stopping.StopRequests(device=None).install()
-    try:
-        return main(stopper)
-    except RunStopped as stop:
-        print(f"dockyard: {stop}", file=sys.stderr, flush=True)
-        return 0
-
-
-if __name__ == "__main__":
-    sys.exit(local_rank_main())

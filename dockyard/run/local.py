@@ -166,7 +166,7 @@ def run_local(loaded: LoadedConfig) -> int:
             log = None if rank == 0 else log_dir / f"trainer_rank{rank}.log"
             out = None if log is None else open(log, "w")
             with signals_blocked():   # pending, not fatal, until the rank handles them
-                process = subprocess.Popen([sys.executable, "-m", "dockyard.loop.grpo"], env=env, stdout=out,
+                process = subprocess.Popen([sys.executable, "-m", "dockyard.loop"], env=env, stdout=out,
                                            stderr=subprocess.STDOUT if out else None, start_new_session=True)
             children.append(Child(f"trainer rank {rank}", process, log))
             stopping.ranks.append(children[-1])

@@ -39,7 +39,7 @@ def _start_rank(workdir: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(free_port()), DOCKYARD_CONFIG=str(workdir / "runs/grpo_tiny/logs/config.yaml"),
                DOCKYARD_REPLICAS="[]")
-    return subprocess.run([sys.executable, "-m", "dockyard.loop.grpo"], env=env, cwd=workdir, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "dockyard.loop"], env=env, cwd=workdir, capture_output=True,
                           text=True, timeout=300)
 
 

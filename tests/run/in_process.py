@@ -40,7 +40,7 @@ class InProcessLoop:
         started in it); a failing preflight fails the test with its report."""
         from dockyard.config import load_config
         from dockyard.distributed import WorldInfo
-        from dockyard.loop.grpo import loop_for
+        from dockyard.loop.entry import loop_for
         from dockyard.preflight import preflight
 
         workdir.mkdir(parents=True, exist_ok=True)
