@@ -79,6 +79,10 @@ def core_share(index: int, count: int, cores: int) -> tuple[str, int]:
     return (str(first) if first == last else f"{first}-{last}"), last - first + 1
 
 
+# what Slurm sends a trainer to stop it: USR2 (time-limit warning), SIGTERM (preemption, scancel)
+STOP_SIGNALS = {signal.SIGUSR2, signal.SIGTERM}
+
+
 def publish_address(address_file: str | Path, port: int) -> None:
     """A server's {host, port, pid}, written whole where its driver waits for it (a file renamed into
     place: the driver never reads half of one)."""

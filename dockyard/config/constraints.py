@@ -216,7 +216,7 @@ def server_tasks_fit_gpus(cfg: MasterConfig) -> Iterator[Problem]:
 @rule
 def slurm_time_limit(cfg: MasterConfig) -> Iterator[Problem]:
     """cluster.slurm.time is minutes or Slurm's [D-]HH:MM[:SS] / MM:SS, and longer than signal_delay_s."""
-    from dockyard.launch.slurm_time import minutes, SlurmTimeError
+    from dockyard.config.slurm_time import minutes, SlurmTimeError
 
     slurm = cfg.cluster.slurm
     try:

@@ -22,7 +22,7 @@ import sys
 from contextlib import contextmanager
 from typing import Iterator
 
-STOP_SIGNALS = {signal.SIGUSR2, signal.SIGTERM}
+from dockyard.processes import STOP_SIGNALS
 
 _PYTHON_WRAPPER = ("import os, signal, sys; signal.pthread_sigmask(signal.SIG_BLOCK, "
                    "{signal.SIGUSR2, signal.SIGTERM}); os.execvp(sys.argv[1], sys.argv[1:])")

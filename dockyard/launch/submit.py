@@ -19,7 +19,7 @@ from dockyard.config import ConfigError, load_config, topology
 from dockyard.config.loader import LoadedConfig, import_folders
 from dockyard.config.schema import MasterConfig
 from dockyard.launch.plan import JobPlan, plan_job
-from dockyard.launch.slurm_time import minutes
+from dockyard.config.slurm_time import minutes
 
 EXIT_CONFIG, EXIT_FAILED, EXIT_NOT_SUBMITTED = 2, 1, 3
 POLL_S = 3.0

@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from dockyard.launch.startup_guard import STOP_SIGNALS
+from dockyard.processes import STOP_SIGNALS
 
 NONE, TERM, USR2, DEADLINE = 0, 1, 2, 3
 DESCRIPTION = {TERM: "SIGTERM (preemption, scancel, or a stopped dockyard run)", USR2: "USR2 (time limit near, or preemption)",

@@ -11,7 +11,7 @@ import subprocess
 from dockyard.config.errors import Problem
 from dockyard.config.schema import MasterConfig
 from dockyard.launch.plan import JobPlan
-from dockyard.launch.slurm_time import SlurmTimeError, minutes
+from dockyard.config.slurm_time import SlurmTimeError, minutes
 
 TIMEOUT_S = 30
 
