@@ -21,7 +21,7 @@ from dockyard.config.errors import ConfigError
 from dockyard.loop import stopping
 from dockyard.loop.stopping import RunStopped
 from dockyard.loop.grpo import GRPOTrainer, StepAbandoned, serving_precision
-from dockyard.loop.support import unsupported
+from dockyard.preflight.components import unsupported
 from dockyard.loop.rollout_driver import RolloutDriver
 from dockyard.models import DTYPES
 

@@ -92,7 +92,7 @@ def model_problems(cfg: MasterConfig) -> tuple[list[Problem], int]:
 def preflight(cfg: MasterConfig, where: Where, plan=None, slurm: bool = True) -> Report:
     """`plan` (the job plan) with `slurm` asks the cluster about it; `where="local"` checks this
     machine can hold the run instead."""
-    from dockyard.loop.support import backend_installed, local_shape, teacher_routing, unsupported
+    from dockyard.preflight.components import backend_installed, local_shape, teacher_routing, unsupported
     from dockyard.preflight.datasets import check_datasets
     from dockyard.preflight.outputs import check_outputs
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dockyard.config import ConfigError, load_config
-from dockyard.loop.support import unsupported
+from dockyard.preflight.components import unsupported
 
 REFUSED = {
     "data.datasets.0.buffer_replay_strategy=lifo": "data.datasets[0].buffer_replay_strategy: the GRPO loops carry "

@@ -80,7 +80,7 @@ def test_task_image_settings_are_refused_by_name_where_they_cannot_take_effect(t
 
 def test_task_images_are_refused_for_an_environment_that_does_not_read_them():
     from dockyard.config.loader import load_config
-    from dockyard.loop.support import unsupported
+    from dockyard.preflight.components import unsupported
 
     programs = load_config(REPO / "configs" / "grpo_program_bench_local.yaml", ["env.sandbox.task_images=build"]).config
     assert [p.path for p in unsupported(programs)] == ["env.sandbox.task_images"]

@@ -108,7 +108,7 @@ def test_each_rollout_is_scored_by_prefill_on_its_teachers_server(tiny_model, tw
 
 
 def test_teacher_settings_that_cannot_take_effect_here_are_refused_by_name(tiny_model):
-    from dockyard.loop.support import unsupported
+    from dockyard.preflight.components import unsupported
     from tests.conftest import problems_of
 
     cfg = opd_config(tiny_model, "{}")

@@ -112,7 +112,7 @@ def test_a_checkpoint_holds_the_adapters_and_resumes_exactly(single_rank_world, 
     ("checkpointing.save_state=false", "checkpointing.save_state"),
 ])
 def test_what_lora_is_not_built_with_is_refused_by_name(tiny_model, override, path):
-    from dockyard.loop.support import unsupported
+    from dockyard.preflight.components import unsupported
 
     extra = ["checkpointing.export_hf=true"] if "save_state" in override else []
     cfg = load_config("grpo_tiny.yaml", [f"models_dir={tiny_model.parent}", *LORA, override, *extra]).config

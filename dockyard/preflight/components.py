@@ -1,6 +1,11 @@
-"""What the local GRPO loop runs in this version. A config may validate (the schema knows the
-whole menu) yet ask for something not built yet; it is refused here, by name, before any process
-starts, instead of being ignored."""
+"""What this version's components run: a config may validate (the schema knows the whole menu) yet
+select a component that is not built, or give one a setting it does not read; it is refused here, by
+name, before any process starts, instead of being ignored.
+
+Where each kind of check lives: rules that need only the config (cross-field, ranges) are in
+config/constraints.py; what the selected components support is here; what needs the machine (model
+folders, datasets, the Slurm cluster, free disk) is in the other preflight/ modules. `dockyard
+validate` runs the first; the preflight (run, submit, `validate --preflight`) runs all three."""
 
 from __future__ import annotations
 
