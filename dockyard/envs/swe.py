@@ -482,6 +482,10 @@ class SweEpisode(ShellEpisode):
             sandbox.destroy()
             raise SweTaskError(f"{task.where}: the repository in the sandbox has no HEAD: {start.output.strip()[-200:]}")
         self.start = start.output.strip().splitlines()[-1]
+        # the repository's own git configuration before the agent runs: its diff, textconv and filter
+        # drivers run commands, so the verifier takes the patch under this copy, not the agent's
+        config = sandbox.run("cat .git/config")
+        self.git_config = config.output if config.ok else ""
 
     def patch(self) -> str:
         """The agent's changes as a diff against base_commit (new files included; caches left out), taken
@@ -489,9 +493,13 @@ class SweEpisode(ShellEpisode):
         self.sandbox.hand_over()
         env, _ = verifier_env(self.sandbox, {}, [], safe_path=True, plugin_autoload=False, plugin=None)
         saved = f"{TESTBED}/.git/dockyard-agent.patch"
-        result = self.sandbox.run("rm -rf .pytest_cache; find . -name __pycache__ -type d -prune -exec rm -rf {} +; "
-                                  f"git add -A && git diff --cached --no-color {self.start} > {saved}",
-                                  env={**env, "HOME": TESTBED}, replace_env=True)
+        with tempfile.TemporaryDirectory() as folder:
+            Path(folder, "config").write_text(self.git_config)
+            self.sandbox.copy_in(Path(folder), "/dockyard-git", read_only=True)
+        result = self.sandbox.run("cp /dockyard-git/config .git/config && rm -f .git/info/attributes && "
+                                  "rm -rf .pytest_cache; find . -name __pycache__ -type d -prune -exec rm -rf {} +; "
+                                  "git add -A && git diff --cached --no-color --no-ext-diff --no-textconv "
+                                  f"{self.start} > {saved}", env={**env, "HOME": TESTBED}, replace_env=True)
         if not result.ok:
             return ""
         with tempfile.TemporaryDirectory() as folder:

@@ -310,6 +310,13 @@ def test_an_agents_work_tree_is_its_patch_and_edits_to_tests_are_caught():
     assert "+    text = re.sub(r\"[^a-z0-9]+\", \"-\", text)" in outputs[-1]["patch"]
     assert "__pycache__" not in outputs[-1]["patch"]          # the agent's test run left caches; not part of the patch
     assert episode("ls")[0] == 0.0                            # no work
+    # a diff driver in the repository's own .git/config would run the agent's command as the verifier
+    # and forge the patch: the verifier takes the patch under the configuration from before the agent
+    forge = ("git config diff.external \"sh -c 'echo forged > /tmp/ran; echo forged'\" && "
+             "printf '* diff=x\\n' > .git/info/attributes && git config diff.x.textconv 'sh -c \"echo forged\"'")
+    reward, outputs = episode(fix, forge)
+    assert reward == 1.0 and "forged" not in outputs[-1]["patch"], outputs[-1]
+    assert "+    text = re.sub(r\"[^a-z0-9]+\", \"-\", text)" in outputs[-1]["patch"]
     cheat = "printf 'import pytest\\n' > conftest.py"
     reward, outputs = episode(fix, cheat)
     assert reward == 0.0 and outputs[-1]["flagged"] == ["conftest.py"]
