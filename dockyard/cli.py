@@ -12,6 +12,7 @@ from typing import Sequence
 
 from dockyard import registry
 from dockyard.config import ConfigError, load_config
+from dockyard.errors import DockyardError
 
 EXIT_CONFIG = 2
 
@@ -123,8 +124,6 @@ def cmd_env_check(ns: argparse.Namespace) -> int:
 def cmd_env_build(ns: argparse.Namespace) -> int:
     from dockyard import registry
     from dockyard.envs.check import task_source
-    from dockyard.envs.terminal_tasks import TaskFormatError
-    from dockyard.sandboxes.base import SandboxError
 
     loaded = _load(ns, "env build")
     if loaded is None:
@@ -136,7 +135,7 @@ def cmd_env_build(ns: argparse.Namespace) -> int:
         return EXIT_CONFIG
     try:
         return build(loaded.config, task_source(loaded.config, ns.tasks), rebuild=ns.rebuild)
-    except (TaskFormatError, SandboxError, ValueError) as err:
+    except ValueError as err:   # an environment's own settings, refused by its constructor
         print(f"dockyard env build: {err}", file=sys.stderr)
         return EXIT_CONFIG
 
@@ -151,14 +150,10 @@ def cmd_env_serve_swe(ns: argparse.Namespace) -> int:
 def cmd_env_index(ns: argparse.Namespace) -> int:
     import json
 
-    from dockyard.envs.terminal_tasks import TaskFormatError, index_rows
+    from dockyard.envs.terminal_tasks import index_rows
 
     out = Path(ns.out) if ns.out else None
-    try:
-        rows = index_rows(ns.folder, out.parent if out else Path.cwd())
-    except TaskFormatError as err:
-        print(f"dockyard env index: {err}", file=sys.stderr)
-        return EXIT_CONFIG
+    rows = index_rows(ns.folder, out.parent if out else Path.cwd())
     text = "".join(json.dumps(row) + "\n" for row in rows)
     if out:
         out.write_text(text)
@@ -171,14 +166,10 @@ def cmd_env_index(ns: argparse.Namespace) -> int:
 def cmd_export_hf(ns: argparse.Namespace) -> int:
     import time
 
-    from dockyard.io.hf_export import ExportError, export_step
+    from dockyard.io.hf_export import export_step
 
     started = time.perf_counter()
-    try:
-        out = export_step(ns.checkpoint, ns.out, ns.model)
-    except ExportError as err:
-        print(f"dockyard export hf: {err}", file=sys.stderr)
-        return EXIT_CONFIG
+    out = export_step(ns.checkpoint, ns.out, ns.model)
     print(f"wrote {out} in {time.perf_counter() - started:.1f} s")
     return 0
 
@@ -186,15 +177,11 @@ def cmd_export_hf(ns: argparse.Namespace) -> int:
 def cmd_export_gguf(ns: argparse.Namespace) -> int:
     import time
 
-    from dockyard.io.gguf_export import GGUFExportError, export_gguf_variants, validate_gguf
+    from dockyard.io.gguf_export import export_gguf_variants, validate_gguf
 
     quants = ns.quant or ["f16"]
     started = time.perf_counter()
-    try:
-        outputs = export_gguf_variants(ns.hf, ns.out, quants, ns.llama_cpp_dir)
-    except GGUFExportError as err:
-        print(f"dockyard export gguf: {err}", file=sys.stderr)
-        return EXIT_CONFIG
+    outputs = export_gguf_variants(ns.hf, ns.out, quants, ns.llama_cpp_dir)
     for path in outputs:
         summary = validate_gguf(path)
         print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB; {summary['architecture']}, "
@@ -317,7 +304,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
-    return ns.func(ns)
+    try:
+        return ns.func(ns)
+    except DockyardError as err:   # it names the file or setting at fault; a traceback would bury that
+        words = [ns.command] + [getattr(ns, f"{ns.command}_command", None) or ""]
+        print(f"dockyard {' '.join(w for w in words if w)}: {err.report()}", file=sys.stderr)
+        return err.exit_status
 
 
 def submit_main(argv: Sequence[str] | None = None) -> int:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from dockyard.errors import DockyardError
 from dockyard.model_files import check_model_folder, missing_model_message
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -15,13 +16,14 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-class ModelNotFoundError(FileNotFoundError):
-    pass
+class ModelNotFoundError(DockyardError, FileNotFoundError):
+    label = "model error"
 
 
-class ModelLoadError(RuntimeError):
+class ModelLoadError(DockyardError, RuntimeError):
     """A model folder that is there but cannot be loaded (changed since the preflight, e.g. between a
     submit and a requeued restart): the message names the file."""
+    label = "model error"
 
 
 def readable_model_folder(path: str | Path) -> Path:

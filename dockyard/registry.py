@@ -15,6 +15,8 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from dockyard.errors import DockyardError
+
 KINDS: dict[str, str] = {
     "advantage_estimator": "turns rewards (and logprobs) into per-token advantages",
     "loss": "policy-gradient loss functions",
@@ -41,12 +43,11 @@ _BUILTIN_MODULES = (
     "dockyard.components.buffer_replay",
 )
 
-
-class UnknownComponentError(LookupError):
+class UnknownComponentError(DockyardError, LookupError):
     pass
 
 
-class ComponentUnavailableError(RuntimeError):
+class ComponentUnavailableError(DockyardError, RuntimeError):
     pass
 
 

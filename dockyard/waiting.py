@@ -5,10 +5,12 @@ from __future__ import annotations
 import time
 from typing import Callable, TypeVar
 
+from dockyard.errors import ComponentError
+
 T = TypeVar("T")
 
 
-class WaitTimeout(TimeoutError):
+class WaitTimeout(ComponentError, TimeoutError):
     pass
 
 

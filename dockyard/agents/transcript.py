@@ -17,10 +17,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dockyard.errors import DockyardError
+
 _STAND_IN = "DOCKYARD_REPLY_MARKER_7f3a"
 
 
-class TranscriptError(ValueError):
+class TranscriptError(DockyardError, ValueError):
     """The chat template cannot be extended message by message (it rewrites earlier turns)."""
 
 

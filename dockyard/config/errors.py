@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from dockyard.errors import DockyardError
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -16,7 +18,7 @@ class Problem:
         return f"{self.path}: {self.message}" if self.path else self.message
 
 
-class ConfigError(Exception):
+class ConfigError(DockyardError):
     def __init__(self, problems: list[Problem], source: str | Path | None = None):
         self.problems = list(problems)
         self.source = str(source) if source is not None else None

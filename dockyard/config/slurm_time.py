@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import re
 
+from dockyard.errors import DockyardError
 
-class SlurmTimeError(ValueError):
+
+class SlurmTimeError(DockyardError, ValueError):
     pass
 
 

@@ -16,13 +16,14 @@ import torch
 from dockyard import registry
 from dockyard.config.schema.data import DatasetConfig
 from dockyard.data.label_checks import ANSWER_CHECKS
+from dockyard.errors import DockyardError
 
 _SCAN_FACTOR = 4   # how many generated rows may be looked at per row served
 _SLICE = re.compile(r"^(?P<path>.*)@\[(?P<start>-?\d*):(?P<stop>-?\d*)\]$")
 
 
-class DatasetError(ValueError):
-    pass
+class DatasetError(DockyardError, ValueError):
+    label = "data error"
 
 
 def split_row_slice(spec: str) -> tuple[Path, slice]:

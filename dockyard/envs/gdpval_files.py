@@ -26,6 +26,8 @@ import json
 import re
 from pathlib import Path
 
+from dockyard.errors import DockyardError
+
 TEXT_FORMATS = ("md", "txt", "csv", "json", "html")
 BINARY_FORMATS = ("xlsx", "docx")
 MAX_BYTES = 5 * 1024 * 1024
@@ -33,7 +35,7 @@ CHECKS = ("contains", "not_contains", "regex", "min_words", "max_words", "headin
           "cell", "sheets")
 
 
-class RubricError(ValueError):
+class RubricError(DockyardError, ValueError):
     """A rubric that cannot be used; the message names the check."""
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from dockyard.config.schema.env import EnvConfig, SandboxConfig
 from dockyard.data.datasets import Prompt
+from dockyard.errors import DockyardError
 from dockyard.sandboxes.factory import SandboxFactory
 from dockyard.sandboxes.base import SandboxError, SandboxSpec
 
@@ -38,7 +39,7 @@ WORKDIR = "/solution"
 _BLOCKS = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 
 
-class ProblemFormatError(ValueError):
+class ProblemFormatError(DockyardError, ValueError):
     """A problem whose tests cannot be read; the message names the file and the problem."""
 
 

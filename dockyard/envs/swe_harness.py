@@ -23,8 +23,10 @@ import functools
 import re
 from typing import Callable
 
+from dockyard.errors import DockyardError
+
 # pytest's own statuses, in the words of the harness's log parsers
-class HarnessMissing(ValueError):
+class HarnessMissing(DockyardError, ValueError):
     """The `swe` extra is not installed: the whole task set, not one row, cannot be scored."""
 
 

@@ -9,9 +9,10 @@ from pathlib import Path
 import httpx
 
 from dockyard.envs.swe_tasks import SweTaskError
+from dockyard.errors import ComponentError
 
 
-class ScoringServerError(RuntimeError):
+class ScoringServerError(ComponentError, RuntimeError):
     """A scoring server did not answer, or answered with an error; the message names it."""
 
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dockyard.envs import swe_harness
+from dockyard.errors import DockyardError
 from dockyard.sandboxes.owners import owner_token
 from dockyard.sandboxes.reaping import SWE_REPOS_PREFIX
 
@@ -42,7 +43,7 @@ _DIFF_PATH = re.compile(r"^(?:diff --git a/(\S+) b/(\S+)|--- a/(\S+)|\+\+\+ b/(\
                         re.MULTILINE)
 
 
-class SweTaskError(ValueError):
+class SweTaskError(DockyardError, ValueError):
     """A task row or repository that cannot be used; the message names the file and the task."""
 
 

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import yaml
 
+from dockyard.errors import DockyardError
 from dockyard.sandboxes.base import BASE_ENV
 from dockyard.sandboxes.images import expand_heredocs, logical_lines
 
@@ -46,7 +47,7 @@ TB1_AGENT_TIMEOUT_S, TB1_TEST_TIMEOUT_S = 360.0, 60.0
 HARBOR_AGENT_TIMEOUT_S, HARBOR_TEST_TIMEOUT_S = 600.0, 600.0
 
 
-class TaskFormatError(ValueError):
+class TaskFormatError(DockyardError, ValueError):
     """A task folder that does not follow its layout; the message names the file."""
 
 

@@ -25,11 +25,12 @@ from pathlib import Path
 
 import httpx
 
+from dockyard.errors import ComponentError
 from dockyard.generation.engine import Completion, SamplingParams
 from dockyard.generation.images import ImageGate, ImageSource
 
 
-class GenerationServerError(RuntimeError):
+class GenerationServerError(ComponentError, RuntimeError):
     pass
 
 

@@ -26,11 +26,13 @@ from typing import Union
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from dockyard.errors import DockyardError
+
 # A path, a `data:image/...;base64,` URL, raw encoded bytes, or an already opened image.
 ImageSource = Union[str, Path, bytes, Image.Image]
 
 
-class ImageRejected(ValueError):
+class ImageRejected(DockyardError, ValueError):
     """An image (or a sample's set of images) the gate refuses; the message names the setting."""
 
 

@@ -17,10 +17,11 @@ import socket
 import sys
 from pathlib import Path
 
+from dockyard.errors import DockyardError
 from dockyard.processes import publish_address
 
 
-class SamplingRefused(ValueError):
+class SamplingRefused(DockyardError, ValueError):
     pass
 
 

@@ -37,6 +37,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from dockyard.config.schema.checkpointing import CheckpointingConfig
+from dockyard.errors import DockyardError
 from dockyard.io.hf_folders import point_latest, write_hf_folder
 
 POINTER = "latest_checkpointed_iteration.txt"
@@ -79,8 +80,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state(state["numpy"])
 
 
-class CheckpointLoadError(RuntimeError):
-    pass
+class CheckpointLoadError(DockyardError, RuntimeError):
+    label = "checkpoint error"
 
 
 def load_model_weights(path: str | Path, model: torch.nn.Module) -> None:

@@ -20,12 +20,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dockyard.errors import DockyardError
+
 # written by convert_hf_to_gguf.py itself (--outtype); the others go through llama-quantize
 DIRECT = {"f32": "f32", "f16": "f16", "bf16": "bf16", "q8_0": "q8_0"}
 PREPARE = "bash tools/prepare_llama_cpp.sh && export DOCKYARD_LLAMA_CPP_DIR=$PWD/.cache/llama.cpp"
 
 
-class GGUFExportError(RuntimeError):
+class GGUFExportError(DockyardError, RuntimeError):
     pass
 
 

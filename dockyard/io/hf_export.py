@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from dockyard.errors import DockyardError
 from dockyard.io.checkpoint import POINTER, CheckpointLoadError, contents, load_model_weights
 from dockyard.io.hf_folders import write_hf_folder
 from dockyard.models import ModelLoadError, ModelNotFoundError, load_causal_lm
@@ -28,7 +29,7 @@ def export_checkpoint(step_folder: str | Path, source: str | Path, out: str | Pa
     return write_hf_folder(model.state_dict(), source, out, skip=tied)
 
 
-class ExportError(RuntimeError):
+class ExportError(DockyardError, RuntimeError):
     """A checkpoint that cannot be exported, with the reason (the CLI prints it without a traceback)."""
 
 

@@ -27,14 +27,15 @@ from pathlib import Path
 from typing import Any
 
 from dockyard.config.schema.logger import LoggerConfig
+from dockyard.errors import DockyardError
 
 # the pip package each tracker needs: tools/install.sh installs them (pyproject extra "loggers")
 PACKAGES = {"wandb_enabled": ("wandb", "wandb"), "mlflow_enabled": ("mlflow", "mlflow-skinny sqlalchemy alembic"),
             "swanlab_enabled": ("swanlab", "swanlab")}
 
 
-class LoggerStartError(RuntimeError):
-    pass
+class LoggerStartError(DockyardError, RuntimeError):
+    label = "logger error"
 
 
 def missing_packages(config: LoggerConfig) -> list[tuple[str, str]]:

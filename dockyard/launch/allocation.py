@@ -9,8 +9,10 @@ import subprocess
 from dataclasses import dataclass
 from functools import lru_cache
 
+from dockyard.errors import DockyardError
 
-class AllocationError(RuntimeError):
+
+class AllocationError(DockyardError, RuntimeError):
     pass
 
 

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from dockyard.config.loader import read_resolved
 from dockyard.distributed import backend_for
+from dockyard.errors import ComponentError
 from dockyard.launch.allocation import Allocation
 from dockyard.launch.plan import JobPlan
 from dockyard.launch.preemption import allocation_end_time, requeue
@@ -31,7 +32,7 @@ from dockyard.launch.servers import (ServerFailed, ServerWatch, dead_server, rep
                                     stop_servers, wait_ready)
 
 
-class JobFailed(RuntimeError):
+class JobFailed(ComponentError, RuntimeError):
     """Raised in a trainer task so submitit records the failure (and the message) as the job's result."""
 
 

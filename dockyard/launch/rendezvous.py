@@ -15,10 +15,11 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from dockyard.errors import ComponentError
 from dockyard.waiting import WaitTimeout, wait_until
 
 
-class RendezvousError(RuntimeError):
+class RendezvousError(ComponentError, RuntimeError):
     pass
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from dockyard import registry
 from dockyard.config.schema import MasterConfig
+from dockyard.errors import ComponentError
 from dockyard.generation.generator import ServerClient
 from dockyard.generation.generator import GenerationServerError
 from dockyard.launch.allocation import Allocation
@@ -41,7 +42,7 @@ _STEP_VARIABLES = re.compile(r"^(SLURM_(NTASKS|NPROCS|NNODES|NTASKS_PER_\w+|CPUS
 STOP_GRACE_S = 20
 
 
-class ServerFailed(RuntimeError):
+class ServerFailed(ComponentError, RuntimeError):
     pass
 
 

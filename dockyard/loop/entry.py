@@ -18,20 +18,14 @@ from dockyard.config import topology
 from dockyard.config.errors import ConfigError
 from dockyard.config.loader import read_resolved
 from dockyard.config.schema import MasterConfig
-from dockyard.data.datasets import DatasetError
 from dockyard.distributed import init_trainer_world
-from dockyard.generation.generator import GenerationServerError
-from dockyard.io.checkpoint import CheckpointLoadError
-from dockyard.io.loggers import LoggerStartError
+from dockyard.errors import DockyardError
 from dockyard.loop import stopping
 from dockyard.loop.async_grpo import AsyncGRPOTrainer
 from dockyard.loop.distillation import OnPolicyDistillationTrainer
-from dockyard.loop.grpo import GRPOTrainer, ReferenceModelError
+from dockyard.loop.grpo import GRPOTrainer
 from dockyard.loop.sft import SFTTrainer
 from dockyard.loop.stopping import RunStopped
-from dockyard.loop.teachers import TeacherRoutingError
-from dockyard.models import ModelLoadError, ModelNotFoundError
-from dockyard.policy.dtensor import PolicySetupError
 
 
 def loop_for(cfg: MasterConfig) -> type[GRPOTrainer]:
@@ -75,24 +69,9 @@ def main(stopper: "stopping.StopRequests | None" = None) -> int:
             if world.is_main:
                 stopper.on_signal = trainer.abort_generation
         trainer.run()
-    except GenerationServerError as err:
-        print(f"dockyard: {err}", file=sys.stderr, flush=True)
-        return 3
-    except LoggerStartError as err:
-        print(f"dockyard: logger error: {err}", file=sys.stderr, flush=True)
-        return 2
-    except CheckpointLoadError as err:   # a resume step changed or broken since the preflight
-        print(f"dockyard: checkpoint error: {err}", file=sys.stderr, flush=True)
-        return 2
-    except DatasetError as err:
-        print(f"dockyard: data error: {err}", file=sys.stderr, flush=True)
-        return 2
-    except (ReferenceModelError, PolicySetupError, ConfigError, TeacherRoutingError) as err:
-        print(f"dockyard: {err}", file=sys.stderr, flush=True)
-        return 2
-    except (ModelLoadError, ModelNotFoundError) as err:   # changed since the preflight
-        print(f"dockyard: model error: {err}", file=sys.stderr, flush=True)
-        return 2
+    except DockyardError as err:   # it names what is wrong; a traceback would only bury that
+        print(f"dockyard: {err.report()}", file=sys.stderr, flush=True)
+        return err.exit_status
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -30,6 +30,7 @@ from dockyard.data.datasets import (DatasetError, Prompt, PromptLoader, build_me
                                     prompt_token_ids)
 from dockyard.distributed import WorldInfo
 from dockyard.distributed import backend_for
+from dockyard.errors import DockyardError
 from dockyard.generation.engine import SamplingParams
 from dockyard.generation.fleet import GeneratorFleet
 from dockyard.generation.generator import GenerationServerError
@@ -83,7 +84,7 @@ def serving_precision(cfg: MasterConfig) -> str:
     return cfg.policy.precision
 
 
-class ReferenceModelError(ValueError):
+class ReferenceModelError(DockyardError, ValueError):
     """The configured reference policy cannot be loaded (never replaced by another one)."""
 
 

@@ -20,13 +20,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 from dockyard.config.schema import MasterConfig
 from dockyard.data.datasets import Prompt
+from dockyard.errors import DockyardError
 from dockyard.generation.generator import Generator
 from dockyard.policy.dtensor import Sample
 
 AGENT_NAME_KEY = "agent_name"
 
 
-class TeacherRoutingError(ValueError):
+class TeacherRoutingError(DockyardError, ValueError):
     pass
 
 

@@ -15,12 +15,13 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from dockyard.errors import DockyardError
 from dockyard.policy.tensor_parallel import SumOverRanks
 
 ATTENTION_NAME = "dockyard_context_parallel"
 
 
-class ContextParallelError(ValueError):
+class ContextParallelError(DockyardError, ValueError):
     """The model cannot be split over positions as configured (named before anything trains)."""
 
 

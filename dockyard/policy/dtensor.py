@@ -20,6 +20,7 @@ from dockyard.algorithms.losses import LossInputs, aggregate
 from dockyard.config.schema import MasterConfig
 from dockyard.config.topology import mesh_line
 from dockyard.distributed import WorldInfo
+from dockyard.errors import DockyardError
 from dockyard.models import DTYPES, load_causal_lm
 from dockyard.policy.context_parallel import ContextParallelError, SequenceShards, use_context_parallel_attention
 from dockyard.policy.lora import LoraSetupError, add_adapters, merged_weights
@@ -123,7 +124,7 @@ def lr_factor(step: int, warmup: int, total: int, shape: str, min_ratio: float) 
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-class PolicySetupError(ValueError):
+class PolicySetupError(DockyardError, ValueError):
     """The configured policy cannot be built as asked (named, before anything trains)."""
 
 

@@ -10,11 +10,12 @@ import contextlib
 import torch
 
 from dockyard.config.schema.policy import LoraConfig
+from dockyard.errors import DockyardError
 
 _BASE = ".base_layer."
 
 
-class LoraSetupError(ValueError):
+class LoraSetupError(DockyardError, ValueError):
     """The adapters cannot be placed as configured (named before anything trains)."""
 
 

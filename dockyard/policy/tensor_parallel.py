@@ -15,6 +15,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+from dockyard.errors import DockyardError
+
 # transformers' plan words this backend can apply; any other word in a plan is refused by name
 _STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
 # weights every TP rank holds whole but that see only the rank's heads (Qwen3's q_norm / k_norm):
@@ -22,7 +24,7 @@ _STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
 _REPLICATED_PARTIAL_GRAD = "replicated_with_grad_allreduce"
 
 
-class TensorParallelError(ValueError):
+class TensorParallelError(DockyardError, ValueError):
     """The model cannot be split as asked (named before anything trains)."""
 
 

@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dockyard.errors import ComponentError
+
 PROXY_KEYS = {"http_proxy", "https_proxy", "no_proxy", "all_proxy"}
 HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 CA_KEYS = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT")   # python's ssl and uv, requests, pip
@@ -32,7 +34,7 @@ BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bi
             "TERM": "dumb"}
 
 
-class SandboxError(RuntimeError):
+class SandboxError(ComponentError, RuntimeError):
     """A sandbox could not be created, used or destroyed; the message names it."""
 
 
