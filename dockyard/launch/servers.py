@@ -28,8 +28,9 @@ from dockyard.errors import ComponentError
 from dockyard.generation.generator import ServerClient
 from dockyard.generation.generator import GenerationServerError
 from dockyard.launch.allocation import Allocation
-from dockyard.launch.plan import JobPlan, ServerGroup
+from dockyard.config.job_plan import JobPlan, ServerGroup
 from dockyard.launch.startup_guard import signals_blocked
+from dockyard.loop.stopping import NoStops, StopRequests
 from dockyard.processes import core_share, log_tail, stop_processes
 
 # srun reads these from its environment as if they were options; inside the trainer's step they
@@ -212,7 +213,7 @@ class ServerWatch:
     `hard_exit_s`, the process exits. Either way the message names the server, node and log."""
 
     steps: list[ServerStep]
-    stopper: object = None      # a StopRequests: once a stop is under way, servers going away is expected
+    stopper: StopRequests = field(default_factory=NoStops)   # once a stop is under way, servers going away is expected
     clients: list = field(default_factory=list)   # one per step: a live step that stops answering /health is hung
     hard_exit_s: float = 30.0
     failure: str | None = None
@@ -232,13 +233,13 @@ class ServerWatch:
         while not self._stop.wait(1.0):
             for step in self.steps:
                 code = step.process.poll()
-                if code is not None and self.stopper is not None and self.stopper.requested:
+                if code is not None and self.stopper.requested:
                     return
                 if code is not None and not self._stop.is_set():
                     return self._fail(f"{step.describe()} exited with status {code} during the run; "
                                       f"ending the job\n{step.tail()}")
             hung = health.hung() if health is not None else None
-            if hung is not None and not self._stop.is_set() and not (self.stopper is not None and self.stopper.requested):
+            if hung is not None and not self._stop.is_set() and not self.stopper.requested:
                 step = self.steps[hung]
                 return self._fail(f"{health.describe(hung)}: {step.describe()}; ending the job\n{step.tail()}")
 

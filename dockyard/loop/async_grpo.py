@@ -7,8 +7,8 @@ Rank 0's RolloutDriver keeps the rollout fleet busy in a thread of its own; the 
 and never waits for the fleet to drain: the driver installs each published version between
 requests (rollout_driver.py), and what was sampled by older weights is corrected by importance
 sampling against the sampler's own logprobs (loss_fn.is_correction, mandatory). Lag, capacity and
-the window strategies: rollout_window.py. The step's pieces (policy, advantages, loss, checkpoints,
-validation) are the sync loop's (grpo.py).
+the window strategies: rollout_window.py. The step's pieces (advantages, loss) are the sync loop's
+(grpo.py); policy, checkpoints and validation are every loop's (trainer.py).
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from __future__ import annotations
 import sys
 import time
 
-from dockyard.config import constraints
+from dockyard.config.constraints.async_loop import async_grpo as async_rules
 from dockyard.config.errors import ConfigError
-from dockyard.loop import stopping
+from dockyard.loop.grpo import GRPOTrainer
 from dockyard.loop.stopping import RunStopped
-from dockyard.loop.grpo import GRPOTrainer, StepAbandoned, serving_precision
+from dockyard.loop.trainer import serving_precision
 from dockyard.preflight.components import unsupported
 from dockyard.loop.rollout_driver import RolloutDriver
 from dockyard.models import DTYPES
@@ -28,8 +28,8 @@ from dockyard.models import DTYPES
 
 class AsyncGRPOTrainer(GRPOTrainer):
     def __init__(self, cfg, world, device, replicas, weight_sync_port):
-        # the seed's async rules hold at run time too, not only when the config was validated
-        problems = list(constraints.async_grpo(cfg)) + unsupported(cfg)
+        # the async rules hold at run time too, not only when the config was validated
+        problems = list(async_rules(cfg)) + unsupported(cfg)
         if problems:
             raise ConfigError(problems)
         super().__init__(cfg, world, device, replicas, weight_sync_port)
@@ -43,8 +43,8 @@ class AsyncGRPOTrainer(GRPOTrainer):
         weights = self.policy.serving_weights(DTYPES[serving_precision(self.cfg)])
         return {name: tensor.clone() for name, tensor in weights.items()}
 
-    def refit(self) -> None:
-        """Validation's refit: wait until the fleet serves the weights just trained."""
+    def serve_latest_weights(self) -> None:
+        """Before validation: wait until the driver installed the version just published."""
         if self.world.is_main and self.driver is not None:
             self.driver.wait_version(self.published, self.cfg.grpo.sampler.rollout_timeout_s)
 
@@ -61,10 +61,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
             self.collector.step = step   # names the trajectory dump files of what is sampled from now on
         payload = self._take(step) if self.world.is_main else None
         payload = self._broadcast(payload)
-        if self.stopper is not None:
-            code = self.stopper.agree()   # a safe point: the batch is here, nothing trained
-            if code or payload is None:
-                raise StepAbandoned(code or stopping.TERM)
+        self.safe_point(batch_missing=payload is None)
         samples, rewards, metrics = payload
         metrics.update(self.learn(step, samples, rewards))
         if self.world.is_main:
@@ -83,9 +80,9 @@ class AsyncGRPOTrainer(GRPOTrainer):
 
     def _take(self, step: int):
         """Rank 0: the step's groups from the driver, filtered; None when a stop came first."""
-        stop = (lambda: self.stopper.requested) if self.stopper is not None else (lambda: False)
         with self.timer("wait"):
-            groups = self.driver.take(step - 1, self.cfg.grpo.sampler.rollout_timeout_s, stop)
+            groups = self.driver.take(step - 1, self.cfg.grpo.sampler.rollout_timeout_s,
+                                      lambda: self.stopper.requested)
         if groups is None:
             return None
         kept, dropped = self.collector.keep_groups(groups)
@@ -99,7 +96,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
         metrics["async/lag_max"] = float(max(self.driver.last_lags))
         # the dataset rows this step trains on: a resumed run can be checked for rows trained twice or lost
         metrics["async/prompt_rows"] = [ticket.row for ticket in self.driver.taken]
-        metrics.update(self.client.take_request_seconds())   # the driver's calls since the last step
+        metrics.update(self.fleet.take_request_seconds())   # the driver's calls since the last step
         return self.payload(kept, metrics)
 
     def payload(self, kept: list, metrics: dict):
@@ -133,7 +130,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
                 print(f"dockyard: async: {len(saved.get('replay') or [])} prompt group(s) drawn but not trained "
                       "before the stop are started again first", file=sys.stderr, flush=True)
             saved = saved or {}
-            self.driver = RolloutDriver(self.cfg, self.client, self.collector, self.loaders[0], self.weights_out.push,
+            self.driver = RolloutDriver(self.cfg, self.fleet, self.collector, self.loaders[0], self.weights_out.push,
                                         version=start, replay=saved.get("replay"), seed=self.cfg.policy.seed).start()
         del weights
         self.published = start

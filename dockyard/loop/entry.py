@@ -25,10 +25,11 @@ from dockyard.loop.async_grpo import AsyncGRPOTrainer
 from dockyard.loop.distillation import OnPolicyDistillationTrainer
 from dockyard.loop.grpo import GRPOTrainer
 from dockyard.loop.sft import SFTTrainer
+from dockyard.loop.trainer import Trainer
 from dockyard.loop.stopping import RunStopped
 
 
-def loop_for(cfg: MasterConfig) -> type[GRPOTrainer]:
+def loop_for(cfg: MasterConfig) -> type[Trainer]:
     """The trainer class of the config's loop; each loop lives in its own module."""
     if cfg.sft is not None:
         return SFTTrainer

@@ -11,7 +11,7 @@ prompt, the run's generation server answers greedily and the environment scores 
 validates. The run reads `sft`, `policy`, `data`, `env` (scoring that validation), `checkpointing`,
 `logger`, `cluster`, and of `grpo` only val_at_start and max_val_samples.
 
-Everything else is the GRPO loop's machinery (grpo.py): trainer ranks, the policy backend,
+Everything else is what every loop shares (trainer.py): trainer ranks, the policy backend,
 checkpoints with the data position, exact resume, and stops at a safe point before requeue.
 """
 
@@ -26,10 +26,9 @@ import torch.distributed as dist
 from dockyard.algorithms.losses import LossInputs
 from dockyard.data.conversations import conversation_tokens, trailing_assistant_removed
 from dockyard.data.datasets import Prompt, build_messages
-from dockyard.loop import stopping
-from dockyard.loop.grpo import GRPOTrainer, StepAbandoned
+from dockyard.loop.trainer import Trainer
 from dockyard.loop.rollouts import split_counts
-from dockyard.policy.dtensor import PolicySetupError, Sample, TrainingInterrupted
+from dockyard.policy.dtensor import PolicySetupError, Sample
 
 
 class NextTokenLoss:
@@ -39,7 +38,7 @@ class NextTokenLoss:
         return -inputs.logprobs, {}
 
 
-class SFTTrainer(GRPOTrainer):
+class SFTTrainer(Trainer):
     def __init__(self, cfg, world, device, replicas, weight_sync_port):
         super().__init__(cfg, world, device, replicas, weight_sync_port)
         self.policy.temperature = 1.0   # the data's likelihood, not a tempered sampler's
@@ -70,6 +69,9 @@ class SFTTrainer(GRPOTrainer):
 
     def finished(self, step: int) -> bool:
         return self.epochs_done >= self.cfg.sft.max_num_epochs
+
+    def longest_prompt(self) -> int | None:
+        return None   # conversations longer than policy.max_total_sequence_length are cut, not skipped
 
     # --- data ---------------------------------------------------------------------------------
 
@@ -102,15 +104,10 @@ class SFTTrainer(GRPOTrainer):
         started = time.perf_counter()
         payload = self._batch() if self.world.is_main else None
         samples, self.epochs_done, metrics = self._broadcast(payload)
-        if self.stopper is not None and (code := self.stopper.agree()):
-            raise StepAbandoned(code or stopping.TERM)   # a safe point: nothing trained yet
+        self.safe_point()
         local = samples[self.world.data_rank::self.world.data_size]
-        interrupt = (lambda: bool(self.stopper.agree())) if self.stopper is not None else None
         with self.timer("train"):
-            try:
-                result = self.policy.train_mini_batch(local, None, None, self.loss, interrupt=interrupt)
-            except TrainingInterrupted:
-                raise StepAbandoned(self.stopper.last) from None
+            result = self.train_mini_batch(local, None, None, self.loss, interrupt=self.train_interrupt())
         self.engine_is_current = False
         metrics.update({f"train/{k}": v for k, v in result.items()})
         metrics["train/tokens_per_s"] = metrics["data/tokens"] / (time.perf_counter() - started)

@@ -45,6 +45,8 @@ class RunStopped(Exception):
 
 
 class StopRequests:
+    can_stop = True   # a stop may come: the runner keeps what it needs to drop a step
+
     def __init__(self, device: torch.device | None, deadline: float | None = None, margin_s: float = 30.0,
                  on_signal: Callable[[], None] | None = None):
         self.device, self.deadline, self.margin_s, self.on_signal = device, deadline, margin_s, on_signal
@@ -99,3 +101,18 @@ class StopRequests:
             self.arrived_at = time.time()
         self.last = code
         return code
+
+
+class NoStops(StopRequests):
+    """The stopper of a trainer nobody can stop (one built outside an entry point, in a test or a
+    bench): never requested, and its agreement is no collective."""
+    can_stop = False
+
+    def __init__(self):
+        super().__init__(device=None)
+
+    def install(self) -> "StopRequests":
+        raise RuntimeError("NoStops takes no signals; install a StopRequests")
+
+    def agree(self) -> int:
+        return NONE

@@ -41,7 +41,7 @@ def test_masked_response_tokens_train_exactly_like_prompt_tokens(single_rank_wor
 def test_is_weights_from_the_training_forward_equal_a_separate_logprob_pass(single_rank_world, tiny_model):
     """One optimizer step per batch with IS correction by clipping: the weights computed from the
     training forward's own logprobs (no separate pass) train exactly like precomputed ones."""
-    from dockyard.loop.safeguarding import apply_safeguards
+    from dockyard.loop.off_policy_safeguards import apply_safeguards
 
     cfg = load_config("grpo_tiny.yaml", [f"models_dir={tiny_model.parent}", "loss_fn.is_correction.enabled=true",
                                          "loss_fn.is_correction.lower_bound=0.8", "loss_fn.is_correction.upper_bound=1.2"]

@@ -1,5 +1,6 @@
-"""Applies the configured off-policy safeguards to a rank's samples before they train: the loss
-masks and IS weights land on each Sample, which the policy backend honours."""
+"""Applies the configured off-policy safeguards (the rules themselves: algorithms/safeguards.py) to a
+rank's samples before they train: the loss masks and IS weights land on each Sample, which the policy
+backend honours."""
 
 from __future__ import annotations
 
