@@ -1,10 +1,11 @@
-"""Renders docs/config-reference.md from the schema and the constraints module, so the reference
+"""Renders docs/config-reference.md from the schema and the constraints package, so the reference
 cannot drift from the code (tests/config/test_reference.py compares the committed file with this)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import typing
 from typing import Any, Iterator
 
@@ -113,8 +114,14 @@ def render() -> str:
             out.append(_row(path, field_info, extra))
     out += ["", "## Cross-field constraints", "",
             "Checked after the schema, all at once; each problem names the field to change.", ""]
+    section = None
     for rule in constraints.RULES:
-        out.append(f"- **{rule.__name__}**: {(rule.__doc__ or '').strip()}")
+        module = sys.modules[rule.__module__]
+        if module is not section:   # one heading per module of config/constraints/, the section it checks
+            section = module
+            title = " ".join((module.__doc__ or "").split())
+            out += ([""] if out[-1] else []) + [f"**{title}** (`{rule.__module__.replace('.', '/')}.py`)", ""]
+        out.append(f"- **{rule.__name__}**: {' '.join((rule.__doc__ or '').split())}")
     out += ["", "## Advice", "", "Valid, but recommended against: printed as a warning by `dockyard validate`, "
             "`dockyard run` and `dockyard-submit`, never refused.", ""]
     for rule in constraints.ADVICE:
