@@ -55,7 +55,7 @@ def cmd_validate(ns: argparse.Namespace) -> int:
             continue
         loaded.print_advice()
         if ns.preflight:
-            from dockyard.launch.plan import plan_job
+            from dockyard.config.job_plan import plan_job
             from dockyard.preflight import preflight
 
             report = preflight(loaded.config, "submit", plan_job(loaded.config))

@@ -88,3 +88,33 @@ def test_the_check_sees_a_circle_dodged_by_a_late_import():
     graph = module_graph()
     assert "dockyard.envs.swe_tasks" in graph["dockyard.envs.swe"]       # a module-level import is an arrow
     assert "dockyard.preflight.model_folders" in graph["dockyard.preflight"]   # so is one inside a function
+
+
+# The layers of docs/architecture.md, lowest first: a module imports from its own layer or below, never
+# from above (an upward arrow ties a lower part to a higher one: the stop signals in the launcher, the
+# job plan in the launcher when the preflight needs it). A new package or top-level module gets a layer.
+LAYERS = [
+    {"errors"},
+    {"registry", "waiting", "processes", "machine", "distributed"},
+    {"config", "components"},
+    {"model_files", "models", "data", "sandboxes", "algorithms"},
+    {"agents", "policy", "generation", "envs", "io"},
+    {"preflight"},
+    {"loop"},
+    {"launch", "run"},
+    {"cli"},
+]
+
+
+def layer_of(module: str) -> int:
+    part = module.split(".")[1] if "." in module else module
+    return next(i for i, names in enumerate(LAYERS) if part in names)
+
+
+def test_imports_go_down_the_layers_never_up():
+    graph = module_graph()
+    unplaced = sorted({m.split(".")[1] for m in graph if "." in m} - set().union(*LAYERS))
+    assert not unplaced, f"give these a layer in LAYERS (and docs/architecture.md): {unplaced}"
+    upward = sorted(f"{a} -> {b}" for a, targets in graph.items() if a != "dockyard" for b in targets
+                    if b != "dockyard" and layer_of(b) > layer_of(a))
+    assert not upward, f"imports from a higher layer: {upward}"

@@ -24,7 +24,7 @@ from dockyard.config.loader import read_resolved
 from dockyard.distributed import backend_for
 from dockyard.errors import ComponentError
 from dockyard.launch.allocation import Allocation
-from dockyard.launch.plan import JobPlan
+from dockyard.config.job_plan import JobPlan
 from dockyard.launch.preemption import allocation_end_time, requeue
 from dockyard.loop.stopping import DESCRIPTION, USR2, RunStopped, StopRequests
 from dockyard.launch.rendezvous import trainer_store
@@ -48,7 +48,7 @@ class TrainerJob(submitit.helpers.Checkpointable):
 
 def run_trainer_task_from_config(config_path: Path, folder: Path) -> dict:
     """The hand-written sbatch templates' path: the plan is derived from the resolved config."""
-    from dockyard.launch.plan import plan_job
+    from dockyard.config.job_plan import plan_job
 
     folder.mkdir(parents=True, exist_ok=True)
     cfg = read_resolved(config_path)

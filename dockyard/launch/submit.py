@@ -18,7 +18,7 @@ from typing import Any, Sequence
 from dockyard.config import ConfigError, load_config, topology
 from dockyard.config.loader import LoadedConfig, import_folders
 from dockyard.config.schema import MasterConfig
-from dockyard.launch.plan import JobPlan, plan_job
+from dockyard.config.job_plan import JobPlan, plan_job
 from dockyard.config.slurm_time import minutes
 
 EXIT_CONFIG, EXIT_FAILED, EXIT_NOT_SUBMITTED = 2, 1, 3

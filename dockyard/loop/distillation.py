@@ -24,7 +24,8 @@ import torch.distributed as dist
 from dockyard.algorithms.advantages import OnPolicyDistillationAdvantage
 from dockyard.config.errors import ConfigError
 from dockyard.loop.async_grpo import AsyncGRPOTrainer
-from dockyard.loop.teachers import TeacherRouting, TeacherScorer
+from dockyard.data.teacher_routing import TeacherRouting
+from dockyard.loop.teachers import TeacherScorer
 from dockyard.policy.dtensor import Sample
 
 

@@ -297,11 +297,11 @@ def logger_packages(cfg: MasterConfig) -> list[Problem]:
 
 
 def teacher_routing(cfg: MasterConfig) -> list[Problem]:
-    """OPD: every training row has a teacher (loop/teachers.py), checked before any process starts."""
+    """OPD: every training row has a teacher (data/teacher_routing.py), checked before any process starts."""
     if cfg.on_policy_distillation is None:
         return []
     from dockyard.data.datasets import DatasetError, load_prompts
-    from dockyard.loop.teachers import TeacherRouting, TeacherRoutingError
+    from dockyard.data.teacher_routing import TeacherRouting, TeacherRoutingError
 
     routing = TeacherRouting(cfg)
     problems = []

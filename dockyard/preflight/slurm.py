@@ -10,7 +10,7 @@ import subprocess
 
 from dockyard.config.errors import Problem
 from dockyard.config.schema import MasterConfig
-from dockyard.launch.plan import JobPlan
+from dockyard.config.job_plan import JobPlan
 from dockyard.config.slurm_time import SlurmTimeError, minutes
 
 TIMEOUT_S = 30

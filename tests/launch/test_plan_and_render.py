@@ -8,7 +8,7 @@ import pytest
 
 from dockyard.config import load_config
 from dockyard.launch.executor import HetSlurmInfoWatcher
-from dockyard.launch.plan import JobPlan, plan_job
+from dockyard.config.job_plan import JobPlan, plan_job
 from dockyard.config.slurm_time import SlurmTimeError, minutes, sbatch_time
 from dockyard.launch.submit import build_executor
 from tests.conftest import problems_of

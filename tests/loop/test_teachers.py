@@ -9,7 +9,8 @@ from dockyard.config import load_config
 from dockyard.data.datasets import Prompt
 from dockyard.generation.client import EngineClient
 from dockyard.generation.engine import SamplingParams
-from dockyard.loop.teachers import TeacherRouting, TeacherRoutingError, TeacherScorer
+from dockyard.data.teacher_routing import TeacherRouting, TeacherRoutingError
+from dockyard.loop.teachers import TeacherScorer
 from dockyard.models import load_causal_lm
 from dockyard.policy.dtensor import Sample
 from tests.conftest import running_engine_server
