@@ -45,7 +45,7 @@ def _std(values: torch.Tensor, dim: int | None = None) -> torch.Tensor:
 
 
 class OnPolicyDistillationAdvantage:
-    """OPD (seed 000, stage 3 of the V4-style recipe): the environment reward is replaced by a
+    """OPD (stage 3 of the V4-style recipe, docs/distillation.md): the environment reward is replaced by a
     per-token advantage pg_ratio x sg[log pi_teacher - log pi_student] on the sampled tokens, the
     negative of the k1 estimate of KL(student || teacher) at each token. Token-level estimator only:
     it needs the teacher's logprob of the sampled token, not its full distribution."""

@@ -1,4 +1,4 @@
-"""Off-policy safeguards (seed 002, 9.2-9.3): they compare the policy that trains (pi_old: the trainer's
+"""Off-policy safeguards (docs/algorithms.md): they compare the policy that trains (pi_old: the trainer's
 logprobs of the sampled tokens at the step's start) with the one that sampled (pi_rollout: the
 engine's logprobs), per sample and per response token, before the step trains.
 

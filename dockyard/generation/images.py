@@ -1,4 +1,5 @@
-"""The multimodal gate (seed 000): what a sample's images must pass before a generation server sees them.
+"""The multimodal gate (docs/generation.md, "Image inputs"): what a sample's images must pass before a
+generation server sees them.
 
 Off unless `policy.generation.allow_multimodal_inputs`: a sample that carries images through a
 closed gate is an error naming the setting, never a silent drop. When open, for each sample:

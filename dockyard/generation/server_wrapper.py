@@ -2,7 +2,7 @@
 
 - `--port 0` picks a free port on this node and writes `{host, port, pid}` to --address-file, which
   the driver reads (a port chosen here cannot collide with another job's on a shared node);
-- the sampling settings the run will send are checked for finiteness (seed 000: a NaN/Inf
+- the sampling settings the run will send are checked for finiteness (docs/generation.md: a NaN/Inf
   temperature or top_p is refused where the worker starts, not forwarded to the engine);
 - SIGUSR2 (Slurm's warning for the trainer) is ignored: the server must outlive it.
 """

@@ -10,7 +10,7 @@ Generator client over SGLang's native HTTP API:
 
 SGLang needs CUDA; on machines without GPUs the client is tested against dockyard's embedded engine,
 which serves the same routes. Image inputs pass the same gate and are then an explicit error: this
-client does not forward them yet (seed 000), and configs that turn them on are refused at validate time.
+client does not forward them yet, and configs that turn them on are refused at validate time.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Which prompt groups the async rollout driver may start, and which finished ones a training step
-takes: the pipeline capacity and sliding-window strategies of seed 002 section 2, and the staleness
+takes: the pipeline capacity and sliding-window strategies of docs/async.md, and the staleness
 bound of grpo.async_grpo.
 
 Groups are numbered in the order they start. A group is *open* from its start until a step takes
@@ -33,7 +33,7 @@ STRATEGIES = ("no-window", "window-gated", "windowed-fifo")
 
 
 def pipeline_capacity(batch: int, stale_steps: float) -> int:
-    """Open groups allowed at once (seed 002: int(B x (1 + stale_steps)), fractional allowed)."""
+    """Open groups allowed at once (int(B x (1 + stale_steps)), fractional allowed; docs/async.md)."""
     return max(batch, int(batch * (1 + stale_steps)))
 
 

@@ -113,7 +113,7 @@ def test_sglang_client_speaks_the_native_generate_api(engine_server, tiny_model)
 
 
 def test_backends_that_cannot_forward_images_say_so_after_the_same_gate(engine_server):
-    """Seed 000: SGLang applies the gate but does not forward images yet; the embedded engine is
+    """SGLang applies the gate but does not forward images yet; the embedded engine is
     text-only. Neither drops an image silently; both still serve text."""
     from PIL import Image
 

@@ -1,4 +1,4 @@
-"""The async pipeline's capacity, staleness bound and sliding-window strategies (seed 002 section 2):
+"""The async pipeline's capacity, staleness bound and sliding-window strategies (docs/async.md):
 what may start, what a step takes, what is dropped."""
 
 import pytest

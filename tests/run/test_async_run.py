@@ -70,7 +70,7 @@ def test_async_settings_the_seed_forbids_are_refused_before_starting(tiny_model,
 
 
 def test_a_mini_batch_that_splits_groups_is_advice_not_an_error(tiny_model):
-    """Seed 002 11.3 recommends M % N == 0 with async. (Together with the per-dataset divisibility
+    """docs/async.md recommends M % N == 0 with async. (Together with the per-dataset divisibility
     rule it is implied for one dataset; the advice speaks for configs that reach it otherwise.)"""
     from dockyard.config import constraints, load_config
 
@@ -83,7 +83,7 @@ def test_a_mini_batch_that_splits_groups_is_advice_not_an_error(tiny_model):
         in advice.message
 
 
-def test_the_async_loop_checks_the_seed_rules_again_when_it_starts(tiny_model):
+def test_the_async_loop_checks_the_async_rules_again_when_it_starts(tiny_model):
     """A resolved config edited after validation (or written by hand) still meets the rules: the loop
     refuses it before building anything."""
     from dockyard.config import load_config
