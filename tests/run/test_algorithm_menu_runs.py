@@ -1,6 +1,7 @@
 """grpo_tiny end to end (one trainer rank in this process + an engine server, tests/run/in_process.py)
 with each policy loss, off-policy safeguard, reward transform and sampling option switched on: the
-option reaches the trainer and the run completes."""
+option reaches the trainer and the run completes; the options whose only trace is the loss are
+compared with the same run without them (test_the_option_changes_what_is_computed)."""
 
 import pytest
 import torch
@@ -62,6 +63,54 @@ def test_grpo_tiny_runs_with(name, tmp_path, loop_run):
         assert all(m["sampling/groups_kept"] == 4 and m["train/kept_fraction"] == 1.0 for m in lines)
         assert all(m["sampling/groups_sampled"] >= 6 for m in lines)
         assert sum(m["sampling/dropped_identical_reward"] for m in lines) > 0
+
+
+# Runs on CPU are deterministic (the same run repeats its losses to the bit), so an option the loop
+# ignored would give its baseline's losses. A reward the tiny model earns about a quarter of the time
+# gives non-zero advantages, and two passes over each batch move the ratio off 1 so that clipping can act.
+COMPARED = ["grpo.max_num_steps=2", "checkpointing.enabled=false", "loss_fn.ppo_epochs=2", "imports=[user_rewards]",
+            "env.reward={name:coin_reward}"]
+# option: (the baseline's overrides, the option's own)
+CHANGES = {
+    "dual clip": (["loss_fn.ratio_clip_min=0.99", "loss_fn.ratio_clip_max=10"], ["loss_fn.ratio_clip_c=1.0001"]),
+    "clip-higher": (["loss_fn.ratio_clip_max=0.2"], ["loss_fn.ratio_clip_max=0.28"]),   # 0.28 is the default
+    "gspo": (["loss_fn.ratio_clip_min=0.0003", "loss_fn.ratio_clip_max=0.0004", "loss_fn.loss_agg_mode=seq-mean-token-mean"],
+             ["loss_fn.name=gspo"]),
+}
+_losses: dict[tuple[str, ...], list[float]] = {}
+
+
+def _step_losses(loop_run, folder, overrides: list[str]) -> list[float]:
+    key = tuple(overrides)
+    if key not in _losses:
+        workdir = folder / f"run{len(_losses)}"
+        workdir.mkdir()
+        (workdir / "user_rewards.py").write_text(USER_REWARDS)
+        _losses[key] = [m["train/loss"] for m in loop_run(workdir, *COMPARED, *overrides).metrics()]
+    return _losses[key]
+
+
+@pytest.mark.parametrize("name", list(CHANGES))
+def test_the_option_changes_what_is_computed(name, loop_run, tmp_path_factory):
+    base, option = CHANGES[name]
+    folder = tmp_path_factory.mktemp("compared")
+    baseline = _step_losses(loop_run, folder, base)
+    assert _step_losses(loop_run, folder, base) == baseline   # repeatable: the comparison below means something
+    changed = _step_losses(loop_run, folder, base + option)
+    assert all(a != b for a, b in zip(baseline, changed)), (name, baseline, changed)
+
+
+def test_rollout_logprobs_as_old_are_the_samplers_not_the_trainers(tmp_path, loop_run):
+    """One pass over the batch: the trainer's own logprobs as old give a ratio of exactly 1 (the forward's
+    detached values); the sampler's, computed by the engine in another batch layout, differ from them."""
+    def kl_old(*overrides):
+        workdir = tmp_path / f"run{len(overrides)}"
+        workdir.mkdir()
+        (workdir / "user_rewards.py").write_text(USER_REWARDS)
+        return [m["train/approx_kl_old"] for m in loop_run(workdir, *COMPARED, "loss_fn.ppo_epochs=1", *overrides).metrics()]
+
+    assert kl_old() == [0.0, 0.0]
+    assert all(value != 0.0 for value in kl_old("loss_fn.use_rollout_logprobs=true"))
 
 
 USER_REWARDS = """
