@@ -1,11 +1,17 @@
 import contextlib
+import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from dockyard.config import ConfigError, load_config
+# Set before the package is imported, here and in every process the tests start: each records the
+# config fields its code reads (dockyard/config/field_reads.py); pytest_sessionfinish compares.
+os.environ.setdefault("DOCKYARD_FIELD_READS", tempfile.mkdtemp(prefix="dockyard-field-reads-"))
+
+from dockyard.config import ConfigError, load_config  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -39,6 +45,27 @@ def pytest_xdist_make_scheduler(config, log):
 def pytest_collection_modifyitems(config, items):
     """The two long units first, so the other worker runs the rest beside them instead of after."""
     items.sort(key=lambda item: {"slurm": 0, "vllm": 1}.get(work_unit_of(item.nodeid), 2))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """After a whole suite that passed (no selection), every schema field must have been read by the
+    package's code by its dotted path somewhere in the suite: a field that no code path read is a
+    setting accepted and ignored. xdist: the controller, once its workers are done."""
+    config = session.config
+    whole = [str(a).rstrip("/") for a in config.args] in ([], ["tests"], [str(REPO / "tests")]) \
+        and not config.option.keyword and not config.option.markexpr and not config.getoption("deselect", None) \
+        and not getattr(config.option, "lf", False)
+    if hasattr(config, "workerinput") or not whole or exitstatus != 0 or session.testsfailed:
+        return
+    from dockyard.config.field_reads import ENV, read_paths
+    from tests.schema_reads import unread
+
+    missing = unread(read_paths(os.environ[ENV]))
+    if missing:
+        print(f"\nschema fields no code read during the whole suite (settings accepted and ignored?): "
+              f"{missing}\n(read by dotted path: dockyard/config/field_reads.py; exceptions: tests/schema_reads.py)",
+              file=sys.stderr)
+        session.exitstatus = 1
 
 
 def problems_of(config: str, *overrides: str, config_dirs=()) -> list[str]:

@@ -5,6 +5,7 @@ import torch
 
 from dockyard.config import ConfigError, load_config
 from dockyard.preflight.components import unsupported
+from tests.schema_reads import GATED
 
 REFUSED = {
     "data.datasets.0.buffer_replay_strategy=lifo": "data.datasets[0].buffer_replay_strategy: the GRPO loops carry "
@@ -103,17 +104,6 @@ def test_log_level_reaches_the_embedded_engine_and_the_server_backends(tiny_mode
         server.wait(timeout=30)
     text = log.read_text()
     assert "--log-level" in EmbeddedServer(cfg).command(port=0) and " INFO " not in text, text
-
-
-# Sections that apply only behind a switch this version refuses: the overrides that turn it on, the
-# path it is refused by. A field under one of them needs no reader of its own.
-GATED = {
-    "policy.megatron_cfg.": ("policy.backend=megatron policy.megatron_cfg={}", "policy.backend"),
-    "policy.jax_cfg": ("policy.backend=jax policy.jax_cfg={}", "policy.backend"),
-    "policy.generation.router.": ("policy.generation.router.proxy_timeout_s=5", "policy.generation.router"),
-    "grpo.rollout_data_path": ("grpo.run_mode=train_only", "grpo.run_mode"),
-    "data_plane.": ("+data_plane.buffer_size=8", "data_plane"),
-}
 
 
 def _schema_fields(model, prefix=""):
