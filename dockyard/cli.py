@@ -163,6 +163,24 @@ def cmd_env_index(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_env_generate(ns: argparse.Namespace) -> int:
+    from dockyard.envs.terminal_families.splits import DEFAULT_UNSEEN, FAMILIES, PlanError, SplitPlan, generate
+
+    def names(text: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
+        return default if text is None else tuple(n.strip() for n in text.split(",") if n.strip())
+
+    levels = names(ns.levels, ("1", "2", "3"))
+    if not all(level.isdigit() for level in levels):
+        raise PlanError(f"levels: {ns.levels!r} must be numbers among 1, 2, 3")
+    plan = SplitPlan(seed=ns.seed, train_per_family=ns.train, heldout_per_family=ns.heldout,
+                     unseen_per_family=ns.unseen_count, unseen=names(ns.unseen, DEFAULT_UNSEEN),
+                     families=names(ns.families, tuple(FAMILIES)), levels=tuple(map(int, levels)))
+    counts = generate(plan, ns.out)
+    print(f"wrote {', '.join(f'{n} {split}' for split, n in counts.items())} tasks under {ns.out} "
+          f"({', '.join(f'{split}.jsonl' for split in counts)}; plan.json)")
+    return 0
+
+
 def cmd_export_hf(ns: argparse.Namespace) -> int:
     import time
 
@@ -269,6 +287,21 @@ def build_parser() -> argparse.ArgumentParser:
     env_index.add_argument("folder")
     env_index.add_argument("--out", metavar="FILE", help="write here (paths relative to it); default: stdout")
     env_index.set_defaults(func=cmd_env_index)
+
+    env_generate = env.add_parser("generate", help="write procedural terminal tasks (task families, Terminal-Bench "
+                                  "layout) in three splits: train, heldout (new instances of the train families), "
+                                  "unseen (families never trained on); the same options write the same bytes")
+    env_generate.add_argument("--out", required=True, metavar="DIR", help="a new or empty folder")
+    env_generate.add_argument("--seed", type=int, default=0)
+    env_generate.add_argument("--train", type=int, default=24, metavar="N", help="tasks per train family (24)")
+    env_generate.add_argument("--heldout", type=int, default=6, metavar="N", help="held-out tasks per train family (6)")
+    env_generate.add_argument("--unseen-count", type=int, default=6, metavar="N", help="tasks per unseen family (6)")
+    env_generate.add_argument("--unseen", metavar="F,F", help="families never trained on (log_summary,csv_join)")
+    env_generate.add_argument("--families", metavar="F,...", help="the families used (default: all: count_lines, "
+                              "sort_unique, replace_text, log_summary, csv_sum, csv_join, json_field, find_files, "
+                              "rename_files, permissions, fix_script, git_ops)")
+    env_generate.add_argument("--levels", metavar="1,2,3", help="difficulty levels used (default: all)")
+    env_generate.set_defaults(func=cmd_env_generate)
 
     export = sub.add_parser("export", help="convert a saved checkpoint").add_subparsers(dest="export_command",
                                                                                          required=True)
