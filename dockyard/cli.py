@@ -181,6 +181,19 @@ def cmd_env_generate(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_env_demonstrate(ns: argparse.Namespace) -> int:
+    from dockyard.envs.demonstrations import write_demonstrations
+
+    loaded = _load(ns, "env demonstrate")
+    if loaded is None:
+        return EXIT_CONFIG
+    written, left_out = write_demonstrations(loaded.config, ns.tasks, ns.out)
+    for why in left_out:
+        print(f"left out: {why}", file=sys.stderr)
+    print(f"wrote {written} demonstration(s) to {ns.out}" + (f"; {len(left_out)} task(s) left out" if left_out else ""))
+    return 1 if left_out and not written else 0
+
+
 def cmd_export_hf(ns: argparse.Namespace) -> int:
     import time
 
@@ -302,6 +315,15 @@ def build_parser() -> argparse.ArgumentParser:
                               "rename_files, permissions, fix_script, git_ops)")
     env_generate.add_argument("--levels", metavar="1,2,3", help="difficulty levels used (default: all)")
     env_generate.set_defaults(func=cmd_env_generate)
+
+    env_demo = env.add_parser("demonstrate", help="run each task's solution as the agent's own bash calls in the "
+                              "configured sandbox and write the conversations (the agent loop's messages, real "
+                              "outputs) as SFT rows ({messages, task}); tasks whose tests then fail are left out")
+    _add_config_args(env_demo)
+    env_demo.add_argument("--tasks", required=True, metavar="JSONL", help="task rows (read like data.datasets[0])")
+    env_demo.add_argument("--out", required=True, metavar="FILE", help="the jsonl to write")
+    env_demo.add_argument("overrides", nargs="*", metavar="OVERRIDE", help="Hydra overrides")
+    env_demo.set_defaults(func=cmd_env_demonstrate)
 
     export = sub.add_parser("export", help="convert a saved checkpoint").add_subparsers(dest="export_command",
                                                                                          required=True)
