@@ -227,6 +227,13 @@ class AgentRolloutCollector(RolloutCollector):
         """One episode per prompt at `temperature`: (the agent's replies, reward) each."""
         episodes = self.run_episodes(prompts, 1, 0, temperature)
         self._dump_episodes(episodes, 0, validation=True)
+        count = max(len(episodes), 1)
+        self.evaluation_figures = {
+            "val/turns_mean": sum(len(e.turns) for e in episodes) / count,
+            "val/invalid_actions_mean": sum(e.invalid_actions for e in episodes) / count,
+            "val/timeout_fraction": sum(e.ended_by == "task_timeout" for e in episodes) / count,
+            "val/out_of_turns_fraction": sum(e.ended_by == "max_rollout_turns" for e in episodes) / count,
+            "val/error_fraction": sum(e.error is not None for e in episodes) / count}
         return [("\n".join(t["reply"] for t in e.turns), 0.0 if e.error else e.reward) for e in episodes]
 
     def _dump_episodes(self, episodes: list[Episode], seed: int, validation: bool = False) -> None:

@@ -87,6 +87,7 @@ class RolloutCollector:
         self.dump = Path(cfg.env.dump_trajectory_path) if cfg.env.dump_trajectory_path else None
         self._dump_lock = threading.Lock()   # async: groups finish on the driver's worker threads
         self.step = 0
+        self.evaluation_figures: dict[str, float] = {}   # the last evaluate()'s figures beyond the rewards
 
     # --- drawing prompts ----------------------------------------------------------------------
 

@@ -287,7 +287,15 @@ class Trainer:
             return {}   # aborted for a stop: partial answers are no accuracy figure
         rewards = [reward for _, reward in results]
         self._write_validation_answers(step, results)
-        return {"val/accuracy": sum(r >= 1.0 for r in rewards) / len(rewards), "val/reward": sum(rewards) / len(rewards)}
+        figures = {"val/accuracy": sum(r >= 1.0 for r in rewards) / len(rewards), "val/reward": sum(rewards) / len(rewards)}
+        # rows that name their family (generated task sets: task.family) get an accuracy per family too
+        families: dict[str, list[float]] = {}
+        for prompt, reward in zip(self.validation, rewards):
+            if isinstance(prompt.metadata.get("family"), str):
+                families.setdefault(prompt.metadata["family"], []).append(reward)
+        for family, values in sorted(families.items()):
+            figures[f"val/accuracy/{family}"] = sum(r >= 1.0 for r in values) / len(values)
+        return figures | self.collector.evaluation_figures
 
     def _write_validation_answers(self, step: int, results: list[tuple[str, float]]) -> None:
         folder = Path(self.cfg.logger.log_dir) / "validation"

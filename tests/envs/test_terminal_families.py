@@ -60,13 +60,13 @@ def test_the_splits_share_nothing_that_could_be_memorised(tmp_path):
     def contents(split):
         return {p.read_text() for p in (tmp_path / split).rglob("files/**/*") if p.is_file()}
 
-    train_families = {r["metadata"]["family"] for r in rows("train")}
-    assert {r["metadata"]["family"] for r in rows("unseen")} == {"log_summary", "csv_join"}
+    train_families = {r["task"]["family"] for r in rows("train")}
+    assert {r["task"]["family"] for r in rows("unseen")} == {"log_summary", "csv_join"}
     assert not train_families & {"log_summary", "csv_join"} and len(train_families) == 10
-    assert {r["metadata"]["family"] for r in rows("heldout")} == train_families
+    assert {r["task"]["family"] for r in rows("heldout")} == train_families
     shared = {text for text in contents("train") & contents("heldout") if len(text) > SHARED_BYTES}
     assert not shared, sorted(shared)[:3]
-    assert {r["metadata"]["level"] for r in rows("heldout")} == {1, 2, 3}
+    assert {r["task"]["level"] for r in rows("heldout")} == {1, 2, 3}
     assert all((tmp_path / r["task"]["path"] / "task.yaml").is_file() for r in rows("heldout"))
 
 

@@ -62,3 +62,26 @@ def test_the_terminal_preset_runs_async_with_partial_rollouts(loop_run, tiny_mod
     turns = [turn for r in records for turn in r["turns"]]
     assert turns and all(turn["weights_versions"] for turn in turns)
     assert {v for turn in turns for v in turn["weights_versions"]} >= {0, 1}
+
+
+def test_the_agent_recipe_validates_per_family_with_the_agents_figures(loop_run, tiny_model, tmp_path):
+    """grpo_terminal_agent_smol on a generated task set (the tiny model standing in for the SFT
+    checkpoint): validation on the held-out split at the start reports accuracy per family and the
+    episodes' turns, invalid actions and timeouts, and dumps every validation episode."""
+    from dockyard.envs.terminal_families.splits import SplitPlan, generate
+
+    generate(SplitPlan(train_per_family=1, heldout_per_family=1, unseen_per_family=1), tmp_path / "data" / "terminal_families")
+    loop_run(tmp_path, f"data_dir={tmp_path / 'data'}", f"policy.model_name={tiny_model}", "policy.tokenizer_name=null",
+             "policy.max_total_sequence_length=512", "policy.generation.max_new_tokens=24", "grpo.num_prompts_per_step=2",
+             "grpo.num_generations_per_prompt=2", "policy.train_global_batch_size=4", "policy.train_micro_batch_size=2",
+             "grpo.max_rollout_turns=2", "grpo.max_num_steps=1", "checkpointing.enabled=false",
+             config="grpo_terminal_agent_smol.yaml")
+    run = tmp_path / "runs" / "grpo_terminal_agent_smol"
+    first = json.loads((run / "logs" / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["step"] == 0
+    families = {key.split("/")[-1] for key in first if key.startswith("val/accuracy/")}
+    assert len(families) == 10 and not families & {"log_summary", "csv_join"}   # the held-out split: trained families
+    assert 1 <= first["val/turns_mean"] <= 2 and 0 <= first["val/invalid_actions_mean"] <= 2
+    assert {"val/timeout_fraction", "val/out_of_turns_fraction", "val/error_fraction"} <= first.keys()
+    episodes = [json.loads(line) for line in (run / "trajectories" / "validation_step_0.jsonl").read_text().splitlines()]
+    assert len(episodes) == 10 and all(e["task"]["split"] == "heldout" for e in episodes)

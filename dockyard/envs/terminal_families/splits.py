@@ -115,8 +115,9 @@ def generate(plan: SplitPlan, out: str | Path) -> dict[str, int]:
         rows = []
         for name, task in tasks:
             write_task(task, out / split / name)
-            rows.append({"instruction": task.instruction, "task": {"path": f"{split}/{name}", "name": name},
-                         "metadata": {"family": task.family, "level": task.level, "split": split}})
+            rows.append({"instruction": task.instruction, "task": {"path": f"{split}/{name}", "name": name,
+                                                                   "family": task.family, "level": task.level,
+                                                                   "split": split}})
         (out / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     (out / "plan.json").write_text(json.dumps(asdict(plan), indent=2) + "\n")
     return {split: len(tasks) for split, tasks in splits.items()}
