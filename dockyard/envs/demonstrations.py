@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from dockyard import registry
@@ -112,18 +113,21 @@ def write_demonstrations(cfg, tasks: str | Path, out: str | Path, log=sys.stderr
         raise DemonstrationError(f"env.tool_format: demonstrations are made in the plain format only; "
                                  f"{cfg.policy.model_name} reads {agent.format.name}")
     rows = load_prompts(cfg.data.datasets[0].model_copy(update={"path": str(tasks), "shuffle": False}))
+
+    def attempt(prompt: Prompt) -> tuple[str, list[dict] | None, str | None]:
+        name = prompt.metadata.get("name") or prompt.metadata.get("path")
+        try:
+            messages, reward = demonstrate(env, agent, prompt)
+        except Exception as err:   # one task's broken set-up never ends the others'
+            return name, None, f"{type(err).__name__}: {err}"
+        return (name, messages, None) if reward >= 1.0 else (name, None, f"its tests gave the oracle {reward:g}")
+
     written, left_out = 0, []
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "w", encoding="utf-8") as sink:
-        for prompt in rows:
-            name = prompt.metadata.get("name") or prompt.metadata.get("path")
-            try:
-                messages, reward = demonstrate(env, agent, prompt)
-            except Exception as err:   # one task's broken set-up never ends the others'
-                left_out.append(f"{name}: {type(err).__name__}: {err}")
-                continue
-            if reward < 1.0:
-                left_out.append(f"{name}: its tests gave the oracle {reward:g}")
+    with open(out, "w", encoding="utf-8") as sink, ThreadPoolExecutor(max_workers=cfg.env.num_workers) as pool:
+        for name, messages, why in pool.map(attempt, rows):   # in the rows' order
+            if messages is None:
+                left_out.append(f"{name}: {why}")
                 continue
             sink.write(json.dumps({"messages": messages, "task": name}) + "\n")
             written += 1

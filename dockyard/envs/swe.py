@@ -56,6 +56,7 @@ from dockyard.envs.swe_tasks import (PYTEST, RepoStore, SweTask, SweTaskError, p
                                      task_from_row)
 from dockyard.envs.terminal_bench import ShellEpisode
 from dockyard.envs.terminal_trial import TrialResult
+from dockyard.errors import DockyardError
 from dockyard.sandboxes.base import SandboxError, SandboxSpec
 from dockyard.sandboxes.factory import SandboxFactory
 
@@ -439,7 +440,7 @@ class SweEnvironment:
         for problem in problems:
             print(f"BAD TASK {' '.join(problem.split())}", file=out)
         if cfg.env.sandbox is None or cfg.env.sandbox.task_images != "build":
-            raise SandboxError("env.sandbox.task_images is host (nothing to build); set it to build")
+            raise DockyardError("env.sandbox.task_images is host (nothing to build); set it to build")   # a setting: exit 2
         env = cls(cfg.env)
         env.environments.rebuild = rebuild
         started, built, failed = time.monotonic(), 0, 0

@@ -33,6 +33,7 @@ from dockyard.data.datasets import Prompt
 from dockyard.envs.terminal_tasks import TaskFormatError, TerminalTask, load_task, load_tasks
 from dockyard.envs.terminal_trial import (AGENTS, GRADINGS, NetworkPolicy, TrialResult, grading_sandbox, run_trial,
                                           sandbox_spec, setup_notes, verify)
+from dockyard.errors import DockyardError
 from dockyard.sandboxes.base import Sandbox, SandboxError
 from dockyard.sandboxes.factory import SandboxFactory
 from dockyard.sandboxes.images import TaskImage
@@ -164,7 +165,7 @@ def build_command(cfg, source: Path, out=sys.stdout, rebuild: bool = False) -> i
         print(f"BAD TASK {' '.join(problem.split())}", file=out)
     sandbox = cfg.env.sandbox or SandboxConfig()
     if sandbox.task_images != "build":
-        raise SandboxError("env.sandbox.task_images is host (nothing to build); set it to build")
+        raise DockyardError("env.sandbox.task_images is host (nothing to build); set it to build")   # a setting: exit 2
     factory = SandboxFactory(sandbox)
     started = time.monotonic()
     images, failed = build_images(factory, tasks, out, rebuild)

@@ -5,7 +5,7 @@ import torch
 
 from dockyard.config import ConfigError, load_config
 from dockyard.preflight.components import unsupported
-from tests.schema_reads import GATED
+from tests.schema_reads import GATED, REFUSED_UNLESS_DEFAULT
 
 REFUSED = {
     "data.datasets.0.buffer_replay_strategy=lifo": "data.datasets[0].buffer_replay_strategy: the GRPO loops carry "
@@ -206,3 +206,20 @@ def test_context_parallel_with_shared_prompt_rows_is_refused_by_name():
     assert problems == ["policy.dynamic_batching.share_prompts: shared-prompt rows are not built with context "
                         "parallelism (policy.dtensor_cfg.context_parallel_size > 1); turn it off"]
     assert not unsupported(load_config("grpo_tiny.yaml", overrides[:3]).config)
+
+
+NON_DEFAULT = {"shuffle": "true", "num_prompts_per_step": "2", "weight": "2.0", "teacher_name": "t"}
+
+
+@pytest.mark.parametrize("path", sorted(REFUSED_UNLESS_DEFAULT))
+def test_a_field_accepted_only_at_its_default_is_refused_otherwise(path):
+    """The fields the suite's read check excuses as REFUSED_UNLESS_DEFAULT are refused, naming the path."""
+    value = NON_DEFAULT[path.rsplit(".", 1)[1]]
+    try:
+        load_config("grpo_math_smol.yaml", [f"{path}={value}"])
+    except ConfigError as err:
+        problems = [str(p) for p in err.problems]
+    else:
+        problems = []
+    assert any(p.startswith(f"{path}: ") for p in problems), problems
+

@@ -41,3 +41,18 @@ def tracking(cfg: MasterConfig) -> Iterator[Problem]:
     if cfg.logger.mlflow_enabled and not cfg.logger.mlflow.tracking_uri and not os.environ.get("MLFLOW_TRACKING_URI"):
         yield Problem("logger.mlflow.tracking_uri", "required when logger.mlflow_enabled is true (or set "
                       "MLFLOW_TRACKING_URI)")
+
+
+@rule
+def validation_is_not_drawn_from(cfg: MasterConfig) -> Iterator[Problem]:
+    """data.validation is read whole and in order: shuffle, num_prompts_per_step, weight and teacher_name
+    (how a training dataset is drawn from) stay at their defaults."""
+    validation = cfg.data.validation
+    if validation is None:
+        return
+    for name, default, why in (("shuffle", False, "validation is read in order"),
+                               ("num_prompts_per_step", None, "validation is read whole, not drawn per step"),
+                               ("weight", 1.0, "validation is not mixed with other datasets"),
+                               ("teacher_name", "", "validation is scored by the environment, not by a teacher")):
+        if getattr(validation, name) != default:
+            yield Problem(f"data.validation.{name}", f"{why}; remove the setting (it would have no effect)")

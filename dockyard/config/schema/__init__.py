@@ -12,7 +12,7 @@ def _record_field_reads_if_asked() -> None:
     from dockyard.config.fields import OpenSection, Section
 
     if os.environ.get(field_reads.ENV):
-        field_reads.install([Section, OpenSection, MasterConfig], MasterConfig)
+        field_reads.install([Section, OpenSection], MasterConfig)
 
 
 _record_field_reads_if_asked()

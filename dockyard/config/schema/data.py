@@ -28,7 +28,7 @@ class DatasetConfig(Section):
                                         "unchanged; null hands it the whole row (flat task rows such as SWE-bench's).")
     max_prompt_chars: Optional[PositiveInt] = field(None, "Drop rows whose prompt is longer (characters, "
                                                     "not tokens); null disables the filter.")
-    shuffle: bool = field(True, "Shuffle this dataset with policy.seed (validation is never shuffled).")
+    shuffle: bool = field(True, "Shuffle this dataset with policy.seed.")
     data_pre_processor: Optional[component("data_pre_processor")] = field(
         None, "Raw-row pre-processor (see `dockyard list`).")
     buffer_replay_strategy: Optional[component("buffer_replay_strategy")] = field(
@@ -48,10 +48,17 @@ class DatasetConfig(Section):
         return self
 
 
+class ValidationConfig(DatasetConfig):
+    """The validation split is read whole and in order: the settings that say how a training dataset is
+    drawn from (shuffle, num_prompts_per_step, weight, teacher_name) must stay at these defaults."""
+
+    shuffle: bool = field(False, "Validation is read in order.", "Must be false.")
+
+
 class DataConfig(Section):
     datasets: list[DatasetConfig] = field(..., "Training datasets; several are mixed.", "At least one.",
                                           min_length=1)
-    validation: Optional[DatasetConfig] = field(None, "Validation dataset; null disables validation.")
+    validation: Optional[ValidationConfig] = field(None, "Validation dataset; null disables validation.")
     max_input_seq_length: Optional[PositiveInt] = field(
         None, "Skip training and validation prompts longer than this many tokens (as the chat template renders "
         "them, without an agent's tool preamble); null skips those that leave no room to generate within "
