@@ -58,17 +58,17 @@ def main(stopper: "stopping.StopRequests | None" = None) -> int:
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cfg.cluster.gpus_per_node > 0 \
         else torch.device("cpu")
     torch.manual_seed(cfg.policy.seed)
-    if stopper is not None and stopper.device is None:
+    stopper = stopper or stopping.NoStops()
+    if stopper.device is None:
         stopper.device = device
     world = init_trainer_world(device, timeout_s=float(os.environ.get("DOCKYARD_COLLECTIVE_TIMEOUT_S", 1800)),
                                model_parallel_size=topology.model_parallel_size(cfg))
     try:
         trainer = loop_for(cfg)(cfg, world, device, json.loads(os.environ.get("DOCKYARD_REPLICAS", "[]")),
                                 int(os.environ.get("DOCKYARD_WEIGHT_SYNC_PORT", 0)))
-        if stopper is not None:
-            trainer.stopper = stopper
-            if world.is_main:
-                stopper.on_signal = trainer.abort_generation
+        trainer.stopper = stopper
+        if world.is_main and stopper.can_stop:
+            stopper.on_signal = trainer.abort_generation
         trainer.run()
     except DockyardError as err:   # it names what is wrong; a traceback would only bury that
         print(f"dockyard: {err.report()}", file=sys.stderr, flush=True)
