@@ -3,7 +3,8 @@ own bash calls in a real sandbox of the configured kind, written down as the con
 loop would have had with it: the same first messages (system prompt, tool format, instruction), each
 call written the way the tool format reads it, the real output of each command as the observation
 message the loop sends, and the format's way to finish. A demonstration whose task's tests do not
-pass is left out and named.
+pass, or that the loop could not produce under the config's budgets (turns, tokens a turn, tokens in
+all), is left out and named.
 
 `replayed_ids` turns a demonstration back into the token stream the agent loop builds turn by turn
 (first prompt, reply tokens with their end-of-turn token, bridged observation messages), so a check
@@ -93,6 +94,22 @@ def replayed_ids(agent, messages: list[dict]) -> tuple[list[int], list[int]]:
     return ids, sampled
 
 
+def beyond_the_loops_budgets(cfg, agent, messages: list[dict]) -> str | None:
+    """Why the agent loop could never have this conversation under the config's budgets, or None. SFT on
+    a reply the loop would cut off teaches the policy a start it cannot finish."""
+    replies = [m["content"] for m in messages if m["role"] == "assistant"]
+    if len(replies) > cfg.grpo.max_rollout_turns:
+        return f"{len(replies)} turns, more than grpo.max_rollout_turns ({cfg.grpo.max_rollout_turns})"
+    longest = max(len(agent.tokenizer.encode(r, add_special_tokens=False)) + len(agent.bridge.end_ids) for r in replies)
+    if longest > cfg.policy.generation.max_new_tokens:
+        return (f"a reply of {longest} tokens, more than policy.generation.max_new_tokens "
+                f"({cfg.policy.generation.max_new_tokens}) allows a turn")
+    ids, _ = replayed_ids(agent, messages)
+    if len(ids) > cfg.policy.max_total_sequence_length:
+        return f"{len(ids)} tokens, more than policy.max_total_sequence_length ({cfg.policy.max_total_sequence_length})"
+    return None
+
+
 def write_demonstrations(cfg, tasks: str | Path, out: str | Path, log=sys.stderr) -> tuple[int, list[str]]:
     """Demonstrations of every row of `tasks` (a jsonl index read like the config's first dataset) into
     `out` ({"messages", "task"} per line); the number written and the tasks left out, with why."""
@@ -120,7 +137,10 @@ def write_demonstrations(cfg, tasks: str | Path, out: str | Path, log=sys.stderr
             messages, reward = demonstrate(env, agent, prompt)
         except Exception as err:   # one task's broken set-up never ends the others'
             return name, None, f"{type(err).__name__}: {err}"
-        return (name, messages, None) if reward >= 1.0 else (name, None, f"its tests gave the oracle {reward:g}")
+        if reward < 1.0:
+            return name, None, f"its tests gave the oracle {reward:g}"
+        too_long = beyond_the_loops_budgets(cfg, agent, messages)
+        return (name, None, f"the agent loop could not produce it: {too_long}") if too_long else (name, messages, None)
 
     written, left_out = 0, []
     Path(out).parent.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,8 @@ import pytest
 from dockyard import registry
 from dockyard.config import load_config
 from dockyard.data.conversations import conversation_tokens
-from dockyard.envs.demonstrations import DemonstrationError, oracle_calls, replayed_ids, write_demonstrations
+from dockyard.envs.demonstrations import (DemonstrationError, beyond_the_loops_budgets, oracle_calls, replayed_ids,
+                                          write_demonstrations)
 from dockyard.envs.terminal_bench import TERMINAL_TOOLS
 from dockyard.envs.terminal_families.splits import SplitPlan, generate
 from dockyard.models import load_tokenizer
@@ -33,7 +34,7 @@ def test_a_solution_script_becomes_one_call_per_command_or_one_for_a_block():
 @needs_bwrap
 def test_demonstrations_are_real_and_token_identical_to_the_agent_loops_stream(tmp_path):
     generate(SplitPlan(train_per_family=3, heldout_per_family=0, unseen_per_family=0,
-                       families=("count_lines", "git_ops", "json_field", "csv_join"), unseen=("csv_join",)),
+                       families=("count_lines", "git_ops", "json_field", "fix_script", "csv_join"), unseen=("csv_join",)),
              tmp_path / "set")
     rows = tmp_path / "set" / "train.jsonl"
     # one task whose tests cannot pass: its demonstration is left out, by name
@@ -41,7 +42,7 @@ def test_demonstrations_are_real_and_token_identical_to_the_agent_loops_stream(t
     broken.write_text(broken.read_text() + "\n\ndef test_impossible():\n    assert False\n")
     out = tmp_path / "demos.jsonl"
     written, left_out = write_demonstrations(config(), rows, out)
-    assert written == 8 and len(left_out) == 1 and left_out[0].startswith("git_ops-3-002: its tests gave the oracle 0")
+    assert written == 11 and len(left_out) == 1 and left_out[0].startswith("git_ops-3-002: its tests gave the oracle 0")
     demos = [json.loads(line) for line in out.read_text().splitlines()]
     tokenizer = load_tokenizer(SMOL)
     agent = registry.build("agent", "tool_calling", tokenizer=tokenizer, tools=TERMINAL_TOOLS,
@@ -65,6 +66,19 @@ def test_demonstrations_are_real_and_token_identical_to_the_agent_loops_stream(t
                    for i in range(len(replayed)) if mask[i] and not sampled[i])
     git = next(d for d in demos if d["task"] == "git_ops-1-000")
     assert "git init" in git["messages"][2]["content"]
+    # a fix reads the script first: the second call's edit is the line the first call's output shows
+    fix = next(d for d in demos if d["task"] == "fix_script-1-000")
+    look, seen, edit = (m["content"] for m in fix["messages"][2:5])
+    broken = edit.split("s/", 1)[1].split("/", 1)[0]
+    assert look.startswith("```bash\ncat ") and broken in seen and "sed -i" in edit
+    # what the loop could not have produced under the config's budgets is named (and left out when written)
+    assert all(beyond_the_loops_budgets(config(), agent, d["messages"]) is None for d in demos)
+    assert beyond_the_loops_budgets(config("grpo.max_rollout_turns=2"), agent, fix["messages"]) == \
+        "3 turns, more than grpo.max_rollout_turns (2)"
+    assert "more than policy.generation.max_new_tokens (12) allows a turn" in beyond_the_loops_budgets(
+        config("policy.generation.max_new_tokens=12"), agent, git["messages"])
+    assert "more than policy.max_total_sequence_length (150)" in beyond_the_loops_budgets(
+        config("policy.max_total_sequence_length=150"), agent, git["messages"])
 
 
 def test_only_the_plain_tool_format_is_demonstrated_and_a_single_turn_env_is_refused(tmp_path):
