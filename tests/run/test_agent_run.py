@@ -5,13 +5,21 @@ samples, trajectory dumps."""
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from dockyard.sandboxes.bubblewrap import bwrap_path
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap is not installed (tools/install.sh)")
+
+
+def checkpoint_weights(run: Path, step: int) -> dict[str, torch.Tensor]:
+    dcp_to_torch_save(run / "checkpoints" / f"step_{step}" / "dcp", run / f"weights_{step}.pt")
+    return torch.load(run / f"weights_{step}.pt", weights_only=False)["model"]
 
 
 def small_preset(tiny_model) -> tuple[str, ...]:
@@ -64,19 +72,22 @@ def test_the_terminal_preset_runs_async_with_partial_rollouts(loop_run, tiny_mod
     assert {v for turn in turns for v in turn["weights_versions"]} >= {0, 1}
 
 
-def test_the_agent_recipe_validates_per_family_with_the_agents_figures(loop_run, tiny_model, tmp_path):
+def test_the_agent_recipe_validates_per_family_and_resumes_mid_grpo_exactly(loop_run, tiny_model, tmp_path):
     """grpo_terminal_agent_smol on a generated task set (the tiny model standing in for the SFT
     checkpoint): validation on the held-out split at the start reports accuracy per family and the
-    episodes' turns, invalid actions and timeouts, and dumps every validation episode."""
+    episodes' turns, invalid actions and timeouts, and dumps every validation episode; a run stopped
+    after step 1 and started again ends with the weights of a run that went straight through."""
     from dockyard.envs.terminal_families.splits import SplitPlan, generate
 
-    generate(SplitPlan(train_per_family=1, heldout_per_family=1, unseen_per_family=1), tmp_path / "data" / "terminal_families")
-    loop_run(tmp_path, f"data_dir={tmp_path / 'data'}", f"policy.model_name={tiny_model}", "policy.tokenizer_name=null",
-             "policy.max_total_sequence_length=512", "policy.generation.max_new_tokens=24", "grpo.num_prompts_per_step=2",
-             "grpo.num_generations_per_prompt=2", "policy.train_global_batch_size=4", "policy.train_micro_batch_size=2",
-             "grpo.max_rollout_turns=2", "grpo.max_num_steps=1", "checkpointing.enabled=false",
-             config="grpo_terminal_agent_smol.yaml")
-    run = tmp_path / "runs" / "grpo_terminal_agent_smol"
+    data = tmp_path / "data"
+    generate(SplitPlan(train_per_family=1, heldout_per_family=1, unseen_per_family=1), data / "terminal_families")
+    recipe = (f"data_dir={data}", f"policy.model_name={tiny_model}", "policy.tokenizer_name=null",
+              "policy.max_total_sequence_length=512", "policy.generation.max_new_tokens=24", "grpo.num_prompts_per_step=2",
+              "grpo.num_generations_per_prompt=2", "policy.train_global_batch_size=4", "policy.train_micro_batch_size=2",
+              "grpo.max_rollout_turns=2", "checkpointing.save_period=1", "checkpointing.export_hf=false")
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    loop_run(straight, *recipe, "grpo.max_num_steps=2", config="grpo_terminal_agent_smol.yaml")
+    run = straight / "runs" / "grpo_terminal_agent_smol"
     first = json.loads((run / "logs" / "metrics.jsonl").read_text().splitlines()[0])
     assert first["step"] == 0
     families = {key.split("/")[-1] for key in first if key.startswith("val/accuracy/")}
@@ -85,3 +96,13 @@ def test_the_agent_recipe_validates_per_family_with_the_agents_figures(loop_run,
     assert {"val/timeout_fraction", "val/out_of_turns_fraction", "val/error_fraction"} <= first.keys()
     episodes = [json.loads(line) for line in (run / "trajectories" / "validation_step_0.jsonl").read_text().splitlines()]
     assert len(episodes) == 10 and all(e["task"]["split"] == "heldout" for e in episodes)
+
+    loop_run(split, *recipe, "grpo.max_num_steps=1", config="grpo_terminal_agent_smol.yaml")
+    resumed = loop_run(split, *recipe, "grpo.max_num_steps=2",
+                       config="grpo_terminal_agent_smol.yaml")
+    assert "resumed from runs/grpo_terminal_agent_smol/checkpoints/step_1 (step 1)" in resumed.output, resumed.output
+    step_2 = lambda folder: [(e["task"]["name"], e["turns"], e["reward"]) for e in map(json.loads, (   # noqa: E731
+        folder / "runs" / "grpo_terminal_agent_smol" / "trajectories" / "train_step_2.jsonl").read_text().splitlines())]
+    assert step_2(split) == step_2(straight)   # the same tasks, the same episodes
+    a, b = (checkpoint_weights(folder / "runs" / "grpo_terminal_agent_smol", 2) for folder in (straight, split))
+    assert all(torch.equal(a[name], b[name]) for name in a)
