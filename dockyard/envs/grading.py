@@ -130,9 +130,13 @@ def verifier_env(sandbox: Sandbox, task_env: dict[str, str], test_dirs: list[str
     python_path = [LIB, *test_dirs, *([p for p in env.get("PYTHONPATH", "").split(":") if p])]
     env.update({"HOME": HOME, "PYTHONPATH": ":".join(python_path), "PYTHONNOUSERSITE": "1",
                 "PYTHONDONTWRITEBYTECODE": "1", "DOCKYARD_RECORDS": RECORDS, "PYTEST_ADDOPTS": "-p no:cacheprovider",
-                "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_COUNT": "2",
+                "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_COUNT": "4",
                 "GIT_CONFIG_KEY_0": "core.hooksPath", "GIT_CONFIG_VALUE_0": "/dev/null",
                 "GIT_CONFIG_KEY_1": "core.fsmonitor", "GIT_CONFIG_VALUE_1": "false",
+                # a repository's own config asked `git log` to verify a hand-made signature with the
+                # agent's gpg.program, which then ran as the verifier
+                "GIT_CONFIG_KEY_2": "log.showSignature", "GIT_CONFIG_VALUE_2": "false",
+                "GIT_CONFIG_KEY_3": "gpg.program", "GIT_CONFIG_VALUE_3": "false",
                 # installers the tests run read no configuration the agent could leave in the working folder
                 # (a uv.toml / [tool.uv] with find-links to the agent's own `pytest` wheel)
                 "UV_NO_CONFIG": "1", "PIP_CONFIG_FILE": os.devnull})
