@@ -41,7 +41,7 @@ def saved_step(folder: Path) -> Path:
     import torch
 
     from dockyard.config.schema.checkpointing import CheckpointingConfig
-    from dockyard.io.checkpoint import CheckpointManager
+    from dockyard.io.checkpoint import CheckpointManager, TorchModuleState
     from dockyard.models import load_causal_lm
 
     model = load_causal_lm(SMOL)
@@ -49,7 +49,7 @@ def saved_step(folder: Path) -> Path:
     model(input_ids=torch.arange(8).unsqueeze(0), labels=torch.arange(8).unsqueeze(0)).loss.backward()
     optimizer.step()
     manager = CheckpointManager(CheckpointingConfig(checkpoint_dir=str(folder / "ckpt")), rank=0, hf_source=str(SMOL))
-    return manager.save(1, model, optimizer, None, {"metrics": {}})
+    return manager.save(1, TorchModuleState(model, optimizer, None), {"metrics": {}})
 
 
 def main() -> None:

@@ -62,7 +62,7 @@ def rank_main(layout: str, steps: int, response: int, out: str) -> None:
     from dockyard import registry
     from dockyard.config import load_config
     from dockyard.distributed import init_trainer_world
-    from dockyard.policy.dtensor import Sample
+    from dockyard.policy.samples import Sample
 
     tp, cp, checkpointing, lora = LAYOUTS[layout]
     gpu = torch.cuda.is_available()

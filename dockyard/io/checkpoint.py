@@ -27,7 +27,7 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -161,8 +161,81 @@ def _non_persistent_buffers(model: torch.nn.Module) -> set[str]:
 
 def contents(trainer_state: dict[str, Any]) -> dict[str, bool]:
     """What a step holds (steps written before this record held DCP weights and optimizer, no HF folder)."""
-    return {"dcp": True, "optimizer": True, "hf": False, "model": None, "adapters_only": False,
+    return {"dcp": True, "optimizer": True, "hf": False, "model": None, "adapters_only": False, "format": "dcp",
             **trainer_state.get("contents", {})}
+
+
+class CheckpointState(Protocol):
+    """What a policy backend saves in a step folder and loads from it (CheckpointManager keeps the
+    folder complete-or-absent, the pointer, the RNG and the loop's state)."""
+
+    format: str            # what the state is written as ("dcp", "megatron_dist_ckpt"); recorded per step
+    adapters_only: bool    # only LoRA adapters are trained (the rest comes from the model folder)
+
+    def save(self, folder: Path, with_optimizer: bool) -> None: ...
+    def load(self, folder: Path, held: dict[str, Any]) -> None: ...
+    def hf_weights(self) -> dict[str, torch.Tensor]: ...
+    def scheduler_state(self) -> dict[str, Any] | None: ...
+    def load_scheduler_state(self, state: dict[str, Any]) -> None: ...
+
+
+class TorchModuleState:
+    """A torch module (plain or FSDP2-sharded), its optimizer and scheduler, saved with
+    torch.distributed.checkpoint under dcp/."""
+
+    format = "dcp"
+
+    def __init__(self, model: torch.nn.Module, optimizer=None, scheduler=None):
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.adapters_only = _trained_only(model).ignore_frozen_params
+
+    def save(self, folder: Path, with_optimizer: bool) -> None:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        options = _trained_only(self.model)
+        if with_optimizer and self.optimizer is not None:
+            model_state, optim_state = get_state_dict(self.model, self.optimizer, options=options)
+            state = {"model": model_state, "optim": optim_state}
+        else:
+            state = {"model": get_model_state_dict(self.model, options=options)}
+        dcp.save(state, checkpoint_id=str(folder / "dcp"))
+
+    def load(self, folder: Path, held: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+        options = _trained_only(self.model)
+        if held["dcp"] and held["optimizer"] and self.optimizer is not None:
+            model_state, optim_state = get_state_dict(self.model, self.optimizer, options=options)
+            state = {"model": model_state, "optim": optim_state}
+            dcp.load(state, checkpoint_id=str(folder / "dcp"))
+            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optim"], options=options)
+        elif held["dcp"]:
+            state = {"model": get_model_state_dict(self.model, options=options)}
+            dcp.load(state, checkpoint_id=str(folder / "dcp"))
+            set_model_state_dict(self.model, state["model"], options=options)
+        else:
+            _load_hf_weights(folder / "hf", self.model)
+
+    def hf_weights(self) -> dict[str, torch.Tensor]:
+        """Full weights under the model's names on rank 0 (every rank takes part), tied aliases left out;
+        a LoRA model's are base + adapters under the base model's names."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        from dockyard.policy.lora import merged_weights
+
+        weights = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if dist.is_initialized() and dist.get_rank() != 0:
+            return {}
+        tied = set(weights) - {n for n, _ in self.model.named_parameters()} - {n for n, _ in self.model.named_buffers()}
+        return {name: tensor for name, tensor in merged_weights(self.model, weights).items() if name not in tied}
+
+    def scheduler_state(self) -> dict[str, Any] | None:
+        return self.scheduler.state_dict() if self.scheduler is not None else None
+
+    def load_scheduler_state(self, state: dict[str, Any]) -> None:
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(state)
 
 
 def _barrier() -> None:
@@ -201,30 +274,21 @@ class CheckpointManager:
         pointer = self.root / POINTER
         return int(pointer.read_text().strip()) if pointer.is_file() else None
 
-    def load(self, path: Path, model: torch.nn.Module, optimizer, scheduler) -> dict[str, Any]:
-        """The training state of step folder `path`; its "not_restored" lists what the step did not hold."""
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
-
+    def load(self, path: Path, state: "CheckpointState") -> dict[str, Any]:
+        """The training state of step folder `path` into `state` (a policy's checkpoint_state()); the
+        returned trainer state's "not_restored" lists what the step did not hold."""
         trainer_state = json.loads((path / "trainer_state.json").read_text())
         held = contents(trainer_state)
-        options = _trained_only(model)
-        if held["dcp"] and held["optimizer"]:
-            model_state, optim_state = get_state_dict(model, optimizer, options=options)
-            state = {"model": model_state, "optim": optim_state}
-            dcp.load(state, checkpoint_id=str(path / "dcp"))
-            set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
-                           options=options)
-        elif held["dcp"]:
-            state = {"model": get_model_state_dict(model, options=options)}
-            dcp.load(state, checkpoint_id=str(path / "dcp"))
-            set_model_state_dict(model, state["model"], options=options)
-        else:
-            _load_hf_weights(path / "hf", model)
+        if held["dcp"] and held["format"] != state.format:
+            raise CheckpointLoadError(f"{path} holds {held['format']} training state, and this run's policy backend "
+                                      f"saves and loads {state.format}; start a new checkpoint_dir from its HF "
+                                      "export (checkpointing.export_hf, `dockyard export`) as policy.model_name")
+        state.load(path, held)
         trainer_state["not_restored"] = [] if held["optimizer"] else [
             "the optimizer state (saved with " + ("save_optimizer: false" if held["dcp"] else "save_state: false")
             + "): its moments restart from zero"]
-        if scheduler is not None:
-            scheduler.load_state_dict(trainer_state["scheduler"])
+        if trainer_state.get("scheduler") is not None:
+            state.load_scheduler_state(trainer_state["scheduler"])
         rng_file = path / f"rng_rank{self.rank}.pt"
         if rng_file.is_file():
             set_rng_state(torch.load(rng_file, weights_only=False))
@@ -232,7 +296,8 @@ class CheckpointManager:
 
     # --- writing ------------------------------------------------------------------------------
 
-    def save(self, step: int, model: torch.nn.Module, optimizer, scheduler, trainer_state: dict[str, Any]) -> Path:
+    def save(self, step: int, state: "CheckpointState", trainer_state: dict[str, Any]) -> Path:
+        """Step `step` of `state` (a policy's checkpoint_state()) with the loop's `trainer_state`."""
         final = self.root / f"step_{step}"
         tmp = self.root / f"step_{step}.tmp"
         _barrier()
@@ -249,18 +314,17 @@ class CheckpointManager:
             tmp.mkdir()
         _barrier()
         if self.config.save_state:
-            dcp.save(self._state_to_save(model, optimizer), checkpoint_id=str(tmp / "dcp"))
+            state.save(tmp, with_optimizer=self.config.save_optimizer)
         torch.save(rng_state(), tmp / f"rng_rank{self.rank}.pt")
         if self.config.export_hf:
-            self._export_hf(model, tmp / "hf")
+            self._export_hf(state, tmp / "hf")
         _barrier()
         if self.rank == 0:
             held = {"dcp": self.config.save_state, "optimizer": self.config.save_state and self.config.save_optimizer,
                     "hf": self.config.export_hf, "model": str(Path(self.hf_source).resolve()) if self.hf_source else None,
-                    "adapters_only": _trained_only(model).ignore_frozen_params}
-            state = dict(trainer_state, step=step, scheduler=scheduler.state_dict() if scheduler else None,
-                         contents=held)
-            (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2, default=float))
+                    "adapters_only": state.adapters_only, "format": state.format}
+            record = dict(trainer_state, step=step, scheduler=state.scheduler_state(), contents=held)
+            (tmp / "trainer_state.json").write_text(json.dumps(record, indent=2, default=float))
             _fsync_tree(tmp)
             shutil.rmtree(final, ignore_errors=True)  # an incomplete leftover (no trainer_state.json)
             os.replace(tmp, final)
@@ -271,28 +335,13 @@ class CheckpointManager:
         _barrier()
         return final
 
-    def _state_to_save(self, model: torch.nn.Module, optimizer) -> dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-        options = _trained_only(model)
-        if not self.config.save_optimizer:
-            return {"model": get_model_state_dict(model, options=options)}
-        model_state, optim_state = get_state_dict(model, optimizer, options=options)
-        return {"model": model_state, "optim": optim_state}
-
-    def _export_hf(self, model: torch.nn.Module, out: Path) -> None:
+    def _export_hf(self, state: "CheckpointState", out: Path) -> None:
         """Every rank takes part in gathering the full weights; rank 0 writes them."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        from dockyard.policy.lora import merged_weights
-
         if self.hf_source is None:
             raise ValueError("checkpointing.export_hf needs the model folder the run started from")
-        weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        weights = state.hf_weights()
         if self.rank == 0:
-            tied = set(weights) - {n for n, _ in model.named_parameters()} - {n for n, _ in model.named_buffers()}
-            # a LoRA model's folder holds base + adapters under the base model's names
-            write_hf_folder(merged_weights(model, weights), self.hf_source, out, skip=tied)
+            write_hf_folder(weights, self.hf_source, out)
 
     def _apply_retention(self, newest: int) -> None:
         steps = sorted(int(p.name.removeprefix("step_")) for p in self.root.glob("step_*")

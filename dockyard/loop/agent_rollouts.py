@@ -29,7 +29,7 @@ from dockyard.algorithms.group_filters import FAILED
 from dockyard.agents.transcript import Transcript
 from dockyard.data.datasets import DatasetError, Prompt
 from dockyard.loop.rollouts import Group, RolloutCollector, Trajectory
-from dockyard.policy.dtensor import Sample
+from dockyard.policy.samples import Sample
 
 
 @dataclass

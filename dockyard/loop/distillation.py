@@ -26,7 +26,7 @@ from dockyard.config.errors import ConfigError
 from dockyard.loop.async_grpo import AsyncGRPOTrainer
 from dockyard.data.teacher_routing import TeacherRouting
 from dockyard.loop.teachers import TeacherScorer
-from dockyard.policy.dtensor import Sample
+from dockyard.policy.samples import Sample
 
 
 class OnPolicyDistillationTrainer(AsyncGRPOTrainer):

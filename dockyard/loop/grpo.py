@@ -23,12 +23,11 @@ from dockyard.config.schema import MasterConfig
 from dockyard.distributed import WorldInfo
 from dockyard.errors import DockyardError
 from dockyard.generation.generator import GenerationServerError
-from dockyard.io.checkpoint import CheckpointLoadError, load_model_weights
+from dockyard.io.checkpoint import CheckpointLoadError
 from dockyard.loop.off_policy_safeguards import apply_safeguards, enabled_safeguards
 from dockyard.loop.trainer import Trainer
 from dockyard.models import ModelNotFoundError
-from dockyard.policy.dtensor import Sample
-from dockyard.policy.lora import BaseModelReference
+from dockyard.policy.samples import Sample
 
 
 def mini_batch_bounds(count: int, parts: int) -> list[tuple[int, int]]:
@@ -51,7 +50,7 @@ class GRPOTrainer(Trainer):
         super().__init__(cfg, world, device, replicas, weight_sync_port)
         self.reference = None
         if cfg.loss_fn.reference_policy_kl_penalty > 0 and lora_base_is_reference(cfg):
-            self.reference = BaseModelReference(self.policy)
+            self.reference = self.policy.base_model_reference()
         elif cfg.loss_fn.reference_policy_kl_penalty > 0:
             source = cfg.loss_fn.reference_model
             # the structure comes from hf_path (else the policy's folder); a checkpoint's weights replace its own
@@ -60,7 +59,7 @@ class GRPOTrainer(Trainer):
                                             model_path=source.hf_path, trainable=False)
             if source.checkpoint_path:
                 try:
-                    load_model_weights(source.checkpoint_path, self.reference.model)
+                    self.reference.load_weights(source.checkpoint_path)
                 except (CheckpointLoadError, ModelNotFoundError) as err:
                     raise ReferenceModelError(f"loss_fn.reference_model.checkpoint_path: {err}") from None
         adv = cfg.grpo.adv_estimator

@@ -9,7 +9,7 @@ import torch
 from dockyard import registry
 from dockyard.algorithms.safeguards import ORDER, SafeguardInputs
 from dockyard.config.schema.loss import LossConfig
-from dockyard.policy.dtensor import Sample
+from dockyard.policy.samples import Sample
 
 
 def enabled_safeguards(cfg: LossConfig) -> list[str]:

@@ -27,7 +27,7 @@ from dockyard.algorithms.reward_transforms import RolloutFacts, enabled_transfor
 from dockyard.config.schema import MasterConfig
 from dockyard.data.datasets import Prompt, PromptLoader
 from dockyard.generation.engine import Completion, SamplingParams
-from dockyard.policy.dtensor import Sample
+from dockyard.policy.samples import Sample
 
 OK = "ok"
 

@@ -28,7 +28,7 @@ from dockyard.data.conversations import conversation_tokens, trailing_assistant_
 from dockyard.data.datasets import Prompt, build_messages
 from dockyard.loop.trainer import Trainer
 from dockyard.loop.rollouts import split_counts
-from dockyard.policy.dtensor import PolicySetupError, Sample
+from dockyard.policy.samples import Sample
 
 
 class NextTokenLoss:
@@ -41,14 +41,7 @@ class NextTokenLoss:
 class SFTTrainer(Trainer):
     def __init__(self, cfg, world, device, replicas, weight_sync_port):
         super().__init__(cfg, world, device, replicas, weight_sync_port)
-        self.policy.temperature = 1.0   # the data's likelihood, not a tempered sampler's
-        if cfg.sft.packing:
-            attention = getattr(self.policy.model.config, "_attn_implementation", None)
-            if attention not in ("sdpa", "eager"):
-                raise PolicySetupError(f"sft.packing needs sdpa or eager attention (a 4-D mask); "
-                                       f"{cfg.policy.model_name} loads with {attention}; set sft.packing=false")
-            # every conversation starts with the same template token: rows of shared "prompts" are packed rows
-            self.policy.share_prompts = True
+        self.policy.score_data(packed=cfg.sft.packing)   # the data's likelihood, not a tempered sampler's
         self.loss = NextTokenLoss()
         self.epochs_done = 0
         self.conversations: list[Prompt] = []

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dockyard.data.datasets import Prompt
 from dockyard.data.teacher_routing import TeacherRouting, TeacherRoutingError
 from dockyard.generation.generator import Generator
-from dockyard.policy.dtensor import Sample
+from dockyard.policy.samples import Sample
 
 class TeacherScorer:
     """Rank 0's client of every teacher's servers (one Generator per teacher, a fleet when it has

@@ -41,7 +41,7 @@ from dockyard.loop.agent_rollouts import AgentRolloutCollector
 from dockyard.loop.rollouts import RolloutCollector
 from dockyard.loop.stopping import RunStopped
 from dockyard.models import DTYPES, load_tokenizer
-from dockyard.policy.dtensor import TrainingInterrupted
+from dockyard.policy.samples import TrainingInterrupted
 
 
 class PhaseTimer:
@@ -336,7 +336,7 @@ class Trainer:
         path = self.checkpoints.latest()
         if path is None:
             return 0
-        state = self.checkpoints.load(path, self.policy.model, self.policy.optimizer, self.policy.scheduler)
+        state = self.checkpoints.load(path, self.policy.checkpoint_state())
         self.resumed_state = state
         if self.world.is_main:
             for loader, loader_state in zip(self.loaders, state["loaders"]):
@@ -359,7 +359,7 @@ class Trainer:
     def _save(self, step: int, metrics: dict[str, float]) -> None:
         started = time.perf_counter()
         with self.timer("checkpoint"):
-            self.checkpoints.save(step, self.policy.model, self.policy.optimizer, self.policy.scheduler,
+            self.checkpoints.save(step, self.policy.checkpoint_state(),
                                   self._trainer_state({k: v for k, v in metrics.items() if isinstance(v, float)}))
         self.stopper.note_save(time.perf_counter() - started)
 

@@ -6,10 +6,8 @@ logprobs, takes optimizer steps and exports full weights for the generation serv
 
 from __future__ import annotations
 
-import math
 import sys
 from typing import Callable
-from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -20,77 +18,16 @@ from dockyard.algorithms.losses import LossInputs, aggregate
 from dockyard.config.schema import MasterConfig
 from dockyard.config.topology import mesh_line
 from dockyard.distributed import WorldInfo
-from dockyard.errors import DockyardError
 from dockyard.models import DTYPES, load_causal_lm
 from dockyard.policy.context_parallel import ContextParallelError, SequenceShards, use_context_parallel_attention
-from dockyard.policy.lora import LoraSetupError, add_adapters, merged_weights
+from dockyard.policy.samples import (PolicySetupError, Sample, TrainingInterrupted, lr_factor,
+                                     plan_micro_batches, plan_shared_prompt_rows)
+from dockyard.io.checkpoint import TorchModuleState, load_model_weights
+from dockyard.policy.base import Policy
+from dockyard.policy.lora import BaseModelReference, LoraSetupError, add_adapters, merged_weights
 from dockyard.policy.tensor_parallel import (TensorParallelError, VocabShard, apply_tensor_parallel, clip_gradients,
                                              quiet_tensor_parallel_warnings, sum_partial_gradients, token_logprobs,
                                              vocab_shard)
-
-
-@dataclass
-class Sample:
-    """One trajectory as the trainer sees it: the exact token ids that were sampled."""
-
-    token_ids: list[int]          # prompt + response
-    prompt_length: int
-    advantage: float = 0.0
-    token_advantages: list[float] | None = None  # per response token (OPD); replaces `advantage`
-    teacher_logprobs: list[float] | None = None  # OPD: the teacher's logprob of each response token
-    loss_mask: list[int] | None = None  # per response token; None = all 1
-    rollout_logprobs: list[float] | None = None  # the engine's logprobs of the response tokens
-    is_weights: list[float] | None = None  # importance-sampling weights per response token (no gradient)
-
-    @property
-    def response_length(self) -> int:
-        return len(self.token_ids) - self.prompt_length
-
-    def response_mask(self) -> torch.Tensor:
-        """1 on response tokens that are trained (observations appended later carry 0)."""
-        if self.loss_mask is not None:
-            return torch.tensor(self.loss_mask, dtype=torch.float)
-        return torch.ones(self.response_length)
-
-
-def plan_micro_batches(lengths: list[int], micro_size: int, token_budget: int | None) -> list[list[int]]:
-    """Group sample indices into micro-batches: `micro_size` at a time, or (with a token budget)
-    packed by length so that padded size (longest x count) stays within the budget."""
-    if token_budget is None:
-        order = list(range(len(lengths)))
-        return [order[i:i + micro_size] for i in range(0, len(order), micro_size)]
-    batches: list[list[int]] = []
-    current: list[int] = []
-    longest = 0
-    for index in sorted(range(len(lengths)), key=lambda i: lengths[i]):
-        if current and max(longest, lengths[index]) * (len(current) + 1) > token_budget:
-            batches.append(current)
-            current, longest = [], 0
-        current.append(index)
-        longest = max(longest, lengths[index])
-    if current:
-        batches.append(current)
-    return batches
-
-
-def plan_shared_prompt_rows(samples: list[Sample], row_budget: int) -> list[list[int]]:
-    """Rows of sample indices that share one prompt, in the samples' order: a row holds its prompt once
-    and as many of the prompt's responses as fit in `row_budget` tokens (a sample longer than the
-    budget still gets a row of its own)."""
-    rows: list[list[int]] = []
-    open_rows: dict[tuple[int, ...], int] = {}     # prompt -> index of its row still being filled
-    used: list[int] = []
-    for index, sample in enumerate(samples):
-        prompt = tuple(sample.token_ids[:sample.prompt_length])
-        row = open_rows.get(prompt)
-        if row is not None and used[row] + sample.response_length <= row_budget:
-            rows[row].append(index)
-            used[row] += sample.response_length
-            continue
-        open_rows[prompt] = len(rows)
-        rows.append([index])
-        used.append(len(sample.token_ids))
-    return rows
 
 
 def _row_length(samples: list[Sample], row: list[int]) -> int:
@@ -112,27 +49,7 @@ def build_optimizer(opt, parameters, foreach: bool | None = None) -> torch.optim
                              weight_decay=opt.weight_decay, foreach=foreach)
 
 
-def lr_factor(step: int, warmup: int, total: int, shape: str, min_ratio: float) -> float:
-    """LR multiplier after `step` optimizer steps: linear warmup, then constant / linear / cosine."""
-    if warmup and step < warmup:
-        return (step + 1) / warmup
-    if shape == "constant" or total <= warmup:
-        return 1.0
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    if shape == "linear":
-        return 1.0 - (1.0 - min_ratio) * progress
-    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-class PolicySetupError(DockyardError, ValueError):
-    """The configured policy cannot be built as asked (named, before anything trains)."""
-
-
-class TrainingInterrupted(Exception):
-    """A mini-batch ended before its optimizer step (a stop was agreed); nothing was changed."""
-
-
-class DTensorPolicy:
+class DTensorPolicy(Policy):
     """HF transformers model sharded with FSDP2 (fully_shard) over torch.distributed."""
 
     def __init__(self, config: MasterConfig, world: WorldInfo, device: torch.device, total_optimizer_steps: int,
@@ -461,6 +378,25 @@ class DTensorPolicy:
             return {}
         local = merged_weights(self.model, local)   # a LoRA model's servers serve base + adapters
         return {name: tensor.detach().to(dtype) for name, tensor in local.items() if name not in self.alias_names}
+
+    def checkpoint_state(self) -> TorchModuleState:
+        return TorchModuleState(self.model, self.optimizer, self.scheduler)
+
+    def load_weights(self, path) -> None:
+        load_model_weights(path, self.model)
+
+    def score_data(self, packed: bool) -> None:
+        self.temperature = 1.0
+        if packed:
+            attention = getattr(self.model.config, "_attn_implementation", None)
+            if attention not in ("sdpa", "eager"):
+                raise PolicySetupError(f"sft.packing needs sdpa or eager attention (a 4-D mask); "
+                                       f"{self.config.policy.model_name} loads with {attention}; set sft.packing=false")
+            # every conversation starts with the same template token: rows of shared "prompts" are packed rows
+            self.share_prompts = True
+
+    def base_model_reference(self) -> BaseModelReference | None:
+        return BaseModelReference(self) if self.config.policy.lora.enabled else None
 
     def copy_weights_from(self, other: "DTensorPolicy") -> None:
         """Moving reference: same sharding on both sides, so a local copy of each shard suffices."""

@@ -8,7 +8,7 @@ import torch
 from torch.distributed.checkpoint import FileSystemReader
 
 from dockyard.config.schema.checkpointing import CheckpointingConfig
-from dockyard.io.checkpoint import CheckpointManager
+from dockyard.io.checkpoint import CheckpointManager, TorchModuleState
 from dockyard.models import load_causal_lm
 from tests.conftest import run_cli
 
@@ -30,7 +30,7 @@ def save(tmp_path, model_dir, **settings):
     model, optimizer, scheduler = trained(model_dir)
     manager = CheckpointManager(CheckpointingConfig(checkpoint_dir=str(tmp_path / "ckpt"), **settings), rank=0,
                                 hf_source=str(model_dir))
-    manager.save(2, model, optimizer, scheduler, {"loaders": [{"offset": 8}], "metrics": {}})
+    manager.save(2, TorchModuleState(model, optimizer, scheduler), {"loaders": [{"offset": 8}], "metrics": {}})
     return model, manager
 
 
@@ -38,7 +38,7 @@ def resume(manager, model_dir):
     model = load_causal_lm(model_dir)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    state = manager.load(manager.latest(), model, optimizer, scheduler)
+    state = manager.load(manager.latest(), TorchModuleState(model, optimizer, scheduler))
     return model, optimizer, state
 
 
@@ -73,7 +73,7 @@ def test_save_state_false_keeps_only_the_hf_folder_and_resumes_from_it_exactly(t
     assert (tmp_path / "ckpt" / "hf").resolve() == (step / "hf").resolve()
     held = json.loads((step / "trainer_state.json").read_text())["contents"]
     assert held == {"dcp": False, "optimizer": False, "hf": True, "model": str(model_dir.resolve()),
-                    "adapters_only": False}
+                    "adapters_only": False, "format": "dcp"}
     restored, _, state = resume(manager, model_dir)
     assert same_weights(model, restored)
     assert state["not_restored"] == ["the optimizer state (saved with save_state: false): its moments restart "
@@ -85,7 +85,7 @@ def test_keep_top_k_keeps_the_hf_folders_of_the_steps_it_keeps(tmp_path, tiny_mo
     manager = CheckpointManager(CheckpointingConfig(checkpoint_dir=str(tmp_path), export_hf=True, keep_last=1,
                                                     keep_top_k=1, metric_name="val"), rank=0, hf_source=str(tiny_model))
     for step, val in [(1, 0.9), (2, 0.1), (3, 0.2)]:
-        manager.save(step, model, optimizer, scheduler, {"metrics": {"val": val}})
+        manager.save(step, TorchModuleState(model, optimizer, scheduler), {"metrics": {"val": val}})
     assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_1", "step_3"]
     assert all((tmp_path / f"step_{n}" / "hf" / "model.safetensors").is_file() for n in (1, 3))
     assert (tmp_path / "hf").resolve() == (tmp_path / "step_3" / "hf").resolve()

@@ -44,7 +44,7 @@ def test_deadline_counts_the_longest_step_and_save_plus_the_margin():
 
 
 def test_interrupted_mini_batch_changes_neither_weights_nor_optimizer(single_rank_world, tiny_model):
-    from dockyard.policy.dtensor import Sample, TrainingInterrupted
+    from dockyard.policy.samples import Sample, TrainingInterrupted
 
     cfg = load_config("grpo_tiny.yaml", [f"models_dir={tiny_model.parent}", "policy.train_micro_batch_size=2"]).config
     policy = registry.build("policy_backend", "dtensor", config=cfg, world=single_rank_world,

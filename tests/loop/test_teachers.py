@@ -12,7 +12,7 @@ from dockyard.generation.engine import SamplingParams
 from dockyard.data.teacher_routing import TeacherRouting, TeacherRoutingError
 from dockyard.loop.teachers import TeacherScorer
 from dockyard.models import load_causal_lm
-from dockyard.policy.dtensor import Sample
+from dockyard.policy.samples import Sample
 from tests.conftest import running_engine_server
 
 

@@ -21,7 +21,7 @@ from dockyard import registry
 from dockyard.config import load_config
 from dockyard.distributed import init_trainer_world
 from dockyard.io.checkpoint import CheckpointManager
-from dockyard.policy.dtensor import Sample
+from dockyard.policy.samples import Sample
 
 
 def fixed_samples(vocab: int) -> list[Sample]:
@@ -54,14 +54,14 @@ def run_model(model: str, shared: bool, args, world, last: bool) -> None:
     checkpoints = CheckpointManager(cfg.checkpointing.model_copy(update={"checkpoint_dir": save or args.load}),
                                     world.rank, hf_source=model) if (save or args.load) else None
     if args.load:
-        checkpoints.load(checkpoints.latest(), policy.model, policy.optimizer, policy.scheduler)
+        checkpoints.load(checkpoints.latest(), policy.checkpoint_state())
     start = {name: tensor.clone() for name, tensor in policy.full_state_dict().items()}
     loss = registry.build("loss", cfg.loss_fn.name, config=cfg.loss_fn)
     samples = fixed_samples(policy.model.config.vocab_size)
     local = samples[world.data_rank::world.data_size]
     steps = [policy.train_mini_batch(local, None, None, loss) for _ in range(args.steps)]
     if save:
-        checkpoints.save(args.steps, policy.model, policy.optimizer, policy.scheduler, {})
+        checkpoints.save(args.steps, policy.checkpoint_state(), {})
     logprobs = policy.logprobs(samples)
     with torch.no_grad():
         _, entropy = policy._forward_logprobs(samples, with_entropy=True)

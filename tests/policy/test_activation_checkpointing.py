@@ -6,7 +6,8 @@ import torch
 
 from dockyard.config import load_config
 from dockyard import registry
-from dockyard.policy.dtensor import DTensorPolicy, Sample
+from dockyard.policy.samples import Sample
+from dockyard.policy.dtensor import DTensorPolicy
 
 
 def gradients_and_saved_bytes(world, tiny_model, checkpointing: bool):

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from dockyard.policy.dtensor import Sample, lr_factor, plan_micro_batches
+from dockyard.policy.samples import Sample, lr_factor, plan_micro_batches
 
 
 def test_fixed_micro_batches_keep_order():

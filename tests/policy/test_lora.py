@@ -12,7 +12,7 @@ from dockyard import registry
 from dockyard.config import load_config
 from dockyard.generation.engine import Engine
 from dockyard.io.checkpoint import CheckpointManager
-from dockyard.policy.dtensor import Sample
+from dockyard.policy.samples import Sample
 from dockyard.policy.lora import BaseModelReference
 from tests.conftest import run_cli
 
@@ -78,7 +78,7 @@ def test_a_checkpoint_holds_the_adapters_and_resumes_exactly(single_rank_world, 
     cfg, policy = build(single_rank_world, tiny_model, *overrides)
     train(cfg, policy)
     manager = CheckpointManager(cfg.checkpointing, 0, hf_source=cfg.policy.model_name)
-    step = manager.save(2, policy.model, policy.optimizer, policy.scheduler, {})
+    step = manager.save(2, policy.checkpoint_state(), {})
     metadata = torch.distributed.checkpoint.FileSystemReader(str(step / "dcp")).read_metadata()
     saved = {key.removeprefix("model.") for key in metadata.state_dict_metadata if key.startswith("model.")}
     assert saved == {n for n, p in policy.model.named_parameters() if p.requires_grad}
@@ -96,7 +96,7 @@ def test_a_checkpoint_holds_the_adapters_and_resumes_exactly(single_rank_world, 
     assert all(torch.equal(plain.state_dict()[n], served[n]) for n in served)
 
     cfg, resumed = build(single_rank_world, tiny_model, *overrides)
-    manager.load(step, resumed.model, resumed.optimizer, resumed.scheduler)
+    manager.load(step, resumed.checkpoint_state())
     train(cfg, policy, 1)
     train(cfg, resumed, 1)
     for name, tensor in policy.full_state_dict().items():
@@ -120,7 +120,7 @@ def test_what_lora_is_not_built_with_is_refused_by_name(tiny_model, override, pa
 
 
 def test_a_target_module_the_model_lacks_is_named(single_rank_world, tiny_model):
-    from dockyard.policy.dtensor import PolicySetupError
+    from dockyard.policy.samples import PolicySetupError
 
     with pytest.raises(PolicySetupError, match="policy.lora.target_modules: .* has no module named qkv_proj"):
         build(single_rank_world, tiny_model, "policy.lora.target_modules=[qkv_proj]")

@@ -6,7 +6,7 @@ import torch
 
 from dockyard import registry
 from dockyard.config import load_config
-from dockyard.policy.dtensor import Sample
+from dockyard.policy.samples import Sample
 
 
 def build(world, tiny_model):

@@ -4,7 +4,7 @@ import torch
 
 from dockyard import registry
 from dockyard.config import load_config
-from dockyard.policy.dtensor import Sample
+from dockyard.policy.samples import Sample
 
 
 def test_copy_weights_from_makes_the_reference_equal_to_the_trained_policy(single_rank_world, tiny_model):

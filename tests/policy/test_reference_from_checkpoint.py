@@ -11,7 +11,7 @@ from dockyard import registry
 from dockyard.config import load_config
 from dockyard.io.checkpoint import CheckpointLoadError, CheckpointManager, load_model_weights
 from dockyard.preflight import model_problems
-from dockyard.policy.dtensor import Sample
+from dockyard.policy.samples import Sample
 
 
 def test_the_reference_takes_the_weights_of_the_saved_step(single_rank_world, tiny_model, tmp_path):
@@ -22,7 +22,7 @@ def test_the_reference_takes_the_weights_of_the_saved_step(single_rank_world, ti
     loss = registry.build("loss", cfg.loss_fn.name, config=cfg.loss_fn)
     samples = [Sample(token_ids=[1, 2, 3, 4, 5], prompt_length=2, advantage=a) for a in (1.0, -1.0)]
     policy.train_mini_batch(samples, None, None, loss)
-    saved = CheckpointManager(cfg.checkpointing, 0).save(1, policy.model, policy.optimizer, policy.scheduler, {})
+    saved = CheckpointManager(cfg.checkpointing, 0).save(1, policy.checkpoint_state(), {})
     trained = policy.full_state_dict()
 
     reference = registry.build("policy_backend", "dtensor", total_optimizer_steps=0, trainable=False, **build)

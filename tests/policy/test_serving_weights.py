@@ -8,7 +8,7 @@ import torch
 from dockyard import registry
 from dockyard.config import load_config
 from dockyard.generation.engine import Engine
-from dockyard.policy.dtensor import Sample
+from dockyard.policy.samples import Sample
 
 
 @pytest.fixture

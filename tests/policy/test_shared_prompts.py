@@ -6,7 +6,7 @@ import torch
 
 from dockyard import registry
 from dockyard.config import load_config
-from dockyard.policy.dtensor import Sample, plan_shared_prompt_rows
+from dockyard.policy.samples import Sample, plan_shared_prompt_rows
 
 
 def groups():

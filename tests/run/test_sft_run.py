@@ -11,7 +11,8 @@ from dockyard.config import load_config
 from dockyard.data.conversations import conversation_tokens
 from dockyard.loop.sft import NextTokenLoss
 from dockyard.models import load_causal_lm, load_tokenizer
-from dockyard.policy.dtensor import DTensorPolicy, Sample
+from dockyard.policy.samples import Sample
+from dockyard.policy.dtensor import DTensorPolicy
 from tests.run.test_local_run import final_weights
 
 CONVERSATIONS = [[{"role": "user", "content": f"{a} + {b} = ?"}, {"role": "assistant", "content": f"{a + b}"},
