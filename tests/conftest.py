@@ -171,6 +171,34 @@ def tiny_tied_model(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def tiny_qwen3_model(tiny_model, tmp_path_factory) -> Path:
+    """A tiny random Qwen3 (per-head q_norm / k_norm, which TP splits by heads) with the tiny tokenizer."""
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, Qwen3Config
+
+    base = AutoConfig.from_pretrained(tiny_model)
+    config = Qwen3Config(vocab_size=base.vocab_size, hidden_size=base.hidden_size,
+                         intermediate_size=base.intermediate_size, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=base.hidden_size // 4, max_position_embeddings=512,
+                         bos_token_id=base.bos_token_id, eos_token_id=base.eos_token_id,
+                         pad_token_id=base.pad_token_id, tie_word_embeddings=False)
+    torch.manual_seed(3)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():   # norms away from 1, so their gradients shape the result
+        for layer in model.model.layers:
+            layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
+            layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
+    out = tmp_path_factory.mktemp("models") / "tiny-qwen3"
+    model.save_pretrained(out)
+    for file in tiny_model.iterdir():
+        if "token" in file.name or file.name == "chat_template.jinja":
+            shutil.copy(file, out / file.name)
+    return out
+
+
 @contextlib.contextmanager
 def running_vllm_server(cfg, folder: Path, name: str = "vllm test server"):
     """A real vLLM server for `cfg`, started the way a run starts a replica (VllmServer launcher:

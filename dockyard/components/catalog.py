@@ -31,6 +31,7 @@ _IMPLEMENTED = {
     ("generation_backend", "vllm"): "dockyard.generation.vllm:VllmServer",
     ("generation_backend", "sglang"): "dockyard.generation.sglang:SglangServer",
     ("policy_backend", "dtensor"): "dockyard.policy.dtensor:DTensorPolicy",
+    ("policy_backend", "megatron"): "dockyard.policy.megatron.policy:MegatronPolicy",
     ("sandbox", "bubblewrap"): "dockyard.sandboxes.bubblewrap:BubblewrapSandbox",
     ("sandbox", "podman"): "dockyard.sandboxes.podman:PodmanSandbox",
     ("sandbox", "apptainer"): "dockyard.sandboxes.apptainer:ApptainerSandbox",

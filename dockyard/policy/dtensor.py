@@ -14,7 +14,6 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-from dockyard.algorithms.losses import LossInputs, aggregate
 from dockyard.config.schema import MasterConfig
 from dockyard.config.topology import mesh_line
 from dockyard.distributed import WorldInfo
@@ -24,6 +23,7 @@ from dockyard.policy.samples import (PolicySetupError, Sample, TrainingInterrupt
                                      plan_micro_batches, plan_shared_prompt_rows)
 from dockyard.io.checkpoint import TorchModuleState, load_model_weights
 from dockyard.policy.base import Policy
+from dockyard.policy.training import micro_batch_loss
 from dockyard.policy.lora import BaseModelReference, LoraSetupError, add_adapters, merged_weights
 from dockyard.policy.tensor_parallel import (TensorParallelError, VocabShard, apply_tensor_parallel, clip_gradients,
                                              quiet_tensor_parallel_warnings, sum_partial_gradients, token_logprobs,
@@ -306,33 +306,12 @@ class DTensorPolicy(Policy):
                 raise TrainingInterrupted()
             chosen = [samples[i] for i in batch] or self._dummy()
             logprobs, entropy = self._forward_logprobs(chosen, with_entropy=True)
-            if loss_cfg.entropy_coef == 0:
-                entropy = entropy.detach()
-            width = logprobs.shape[1]
-            mask = _stack([masks[i] for i in batch], width) if batch else torch.zeros_like(logprobs)
-            if old_logprobs is None or not batch:
-                old = logprobs.detach()
-            else:
-                old = _stack([old_logprobs[i] for i in batch], width).to(self.device)
-            if before_loss is not None and batch:
-                before_loss([samples[i] for i in batch],
-                            [old[row, width - samples[i].response_length:].cpu() for row, i in enumerate(batch)])
-            adv = _advantages([samples[i] for i in batch], logprobs.shape)
-            ref = _stack([ref_logprobs[i] for i in batch], width) if (batch and ref_logprobs) else None
-            mask, adv = mask.to(self.device), adv.to(self.device)
-            per_token, metrics = loss_fn(LossInputs(logprobs, old, adv, mask, ref.to(self.device) if ref is not None
-                                                    else None, entropy))
-            if batch and any(samples[i].is_weights is not None for i in batch):
-                weights = _stack([torch.tensor(samples[i].is_weights if samples[i].is_weights is not None
-                                               else [1.0] * samples[i].response_length) for i in batch], width)
-                per_token = per_token * weights.to(self.device, per_token.dtype)
-            share = aggregate(per_token, mask, loss_cfg.loss_agg_mode, total_tokens, total_sequences)
+            share = micro_batch_loss(samples, batch, logprobs, entropy, masks, old_logprobs, ref_logprobs, loss_fn,
+                                     loss_cfg, (total_tokens, total_sequences), before_loss, sums)
             # FSDP averages gradients over the ranks it shards over; scaling by their number makes it a
             # sum (over data-parallel ranks, and over the CP ranks' partial gradients of one sequence)
             (share * self.fsdp_size).backward()
             loss_value += float(share.detach())
-            for name, values in metrics.items():
-                sums[name] = sums.get(name, 0.0) + float((values * mask).sum())
         max_norm = policy.max_grad_norm if policy.max_grad_norm > 0 else float("inf")
         if self.tp_group is not None:
             sum_partial_gradients(self.partial_grad, self.tp_group)
@@ -421,22 +400,3 @@ def _without_dropout(model: torch.nn.Module) -> None:
     for module in model.modules():   # attention layers copy the rate from the config when they are built
         if isinstance(getattr(module, "attention_dropout", None), float):
             module.attention_dropout = 0.0
-
-
-def _advantages(samples: list[Sample], shape: torch.Size) -> torch.Tensor:
-    """[B, width] advantages laid out as _forward_logprobs' rows: per token where a sample has them."""
-    if not samples:
-        return torch.zeros(shape)
-    if all(s.token_advantages is None for s in samples):
-        return torch.tensor([s.advantage for s in samples])[:, None].expand(shape)
-    return _stack([torch.tensor(s.token_advantages) if s.token_advantages is not None
-                   else torch.full((s.response_length,), s.advantage) for s in samples], shape[1])
-
-
-def _stack(rows: list[torch.Tensor], width: int) -> torch.Tensor:
-    """Right-align per-sample response rows into [B, width] (as _forward_logprobs lays them out)."""
-    out = torch.zeros((len(rows), width))
-    for index, row in enumerate(rows):
-        if row.shape[0]:
-            out[index, width - row.shape[0]:] = row
-    return out

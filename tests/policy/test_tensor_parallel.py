@@ -7,7 +7,6 @@ A TP 2 checkpoint resumes on one rank; a model whose heads do not split is refus
 the run."""
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -43,32 +42,7 @@ def launch(world: int, tp: int, *args: str, timeout: int = 300) -> None:
 
 
 @pytest.fixture(scope="module")
-def qwen3_model(tiny_model, tmp_path_factory) -> Path:
-    """A tiny random Qwen3 (per-head q_norm / k_norm, which TP splits by heads) with the tiny tokenizer."""
-    from transformers import AutoConfig, AutoModelForCausalLM, Qwen3Config
-
-    base = AutoConfig.from_pretrained(tiny_model)
-    config = Qwen3Config(vocab_size=base.vocab_size, hidden_size=base.hidden_size,
-                         intermediate_size=base.intermediate_size, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=base.hidden_size // 4, max_position_embeddings=512,
-                         bos_token_id=base.bos_token_id, eos_token_id=base.eos_token_id,
-                         pad_token_id=base.pad_token_id, tie_word_embeddings=False)
-    torch.manual_seed(3)
-    model = AutoModelForCausalLM.from_config(config)
-    with torch.no_grad():   # norms away from 1, so their gradients shape the result
-        for layer in model.model.layers:
-            layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
-            layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
-    out = tmp_path_factory.mktemp("models") / "tiny-qwen3"
-    model.save_pretrained(out)
-    for file in tiny_model.iterdir():
-        if "token" in file.name or file.name == "chat_template.jinja":
-            shutil.copy(file, out / file.name)
-    return out
-
-
-@pytest.fixture(scope="module")
-def runs(tiny_model, tiny_tied_model, qwen3_model, tmp_path_factory):
+def runs(tiny_model, tiny_tied_model, tiny_qwen3_model, tmp_path_factory):
     """Every world's results, {(world, tp): {model folder name: results}} ((world, "cp2") for the CP
     worlds); the TP 2 world also saves the untied Llama's checkpoint, which a one-rank world then loads
     (the 'resume' entry)."""
@@ -78,14 +52,14 @@ def runs(tiny_model, tiny_tied_model, qwen3_model, tmp_path_factory):
     for folder in folders.values():
         folder.mkdir()
     checkpoint = root / "checkpoint"
-    launch(1, 1, "--model", str(tiny_model), "--model", f"{tiny_tied_model}:shared", "--model", str(qwen3_model),
+    launch(1, 1, "--model", str(tiny_model), "--model", f"{tiny_tied_model}:shared", "--model", str(tiny_qwen3_model),
            "--out", str(folders[(1, 1)]))
-    launch(2, 2, "--model", str(qwen3_model), "--model", str(tiny_model), "--out", str(folders[(2, 2)]),
+    launch(2, 2, "--model", str(tiny_qwen3_model), "--model", str(tiny_model), "--out", str(folders[(2, 2)]),
            "--save", str(checkpoint))
     launch(4, 2, "--model", f"{tiny_tied_model}:shared", "--out", str(folders[(4, 2)]))
     launch(1, 1, "--model", str(tiny_model), "--out", str(folders[("resume", 1)]), "--load", str(checkpoint),
            "--steps", "0")
-    launch(2, 1, "--cp", "2", "--model", str(qwen3_model), "--model", str(tiny_model), "--out",
+    launch(2, 1, "--cp", "2", "--model", str(tiny_qwen3_model), "--model", str(tiny_model), "--out",
            str(folders[(2, "cp2")]))
     launch(4, 1, "--cp", "2", "--model", str(tiny_tied_model), "--out", str(folders[(4, "cp2")]),
            "--set", "policy.dtensor_cfg.activation_checkpointing=true")

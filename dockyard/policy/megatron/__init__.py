@@ -1,0 +1,1 @@
+"""The megatron-core policy backend (policy.backend: megatron)."""

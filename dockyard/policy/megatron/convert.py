@@ -1,0 +1,152 @@
+"""HF decoder weights <-> megatron-core GPTModel weights, per tensor-parallel rank.
+
+Llama, Qwen2 (q/k/v biases) and Qwen3 (q/k norms) lay their attention out as separate q, k, v
+projections and their MLP as gate, up, down. megatron-core fuses q, k and v into `linear_qkv`,
+grouped per key/value head ([q heads of group 0, k 0, v 0, q heads of group 1, ...]) so that a
+tensor-parallel rank holds whole groups, and gate and up into `linear_fc1` ([gate shard; up shard]
+on each rank). Column-parallel weights split their output rows over TP, row-parallel ones
+(`linear_proj`, `linear_fc2`) their input columns; the embedding and the output layer split the
+vocabulary."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dockyard.policy.samples import PolicySetupError
+
+FAMILIES = ("llama", "qwen2", "qwen3")
+
+
+@dataclass(frozen=True)
+class DecoderShape:
+    """What of an HF config decides the megatron model's structure and the weight layout."""
+
+    family: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    norm_eps: float
+    rope_theta: float
+    max_positions: int
+    tied: bool
+    qkv_bias: bool
+    qk_norm: bool
+
+    @classmethod
+    def of(cls, config: dict, name: str) -> "DecoderShape":
+        family = config.get("model_type")
+        if family not in FAMILIES:
+            raise PolicySetupError(f"policy.backend megatron: {name} is a {family!r} model; the megatron weight "
+                                   f"converter knows the {', '.join(FAMILIES)} families")
+        rope = config.get("rope_parameters") or {}
+        scaling = rope.get("rope_type", "default") if rope else (config.get("rope_scaling") or {}).get("rope_type",
+                                                                                                     "default")
+        if scaling not in ("default", None):
+            raise PolicySetupError(f"policy.backend megatron: {name} uses {scaling!r} RoPE scaling, which the megatron "
+                                   "converter does not map yet; use the dtensor backend")
+        heads = config["num_attention_heads"]
+        return cls(family=family, layers=config["num_hidden_layers"], hidden=config["hidden_size"], heads=heads,
+                   kv_heads=config.get("num_key_value_heads") or heads,
+                   head_dim=config.get("head_dim") or config["hidden_size"] // heads,
+                   ffn=config["intermediate_size"], vocab=config["vocab_size"], norm_eps=config["rms_norm_eps"],
+                   rope_theta=rope.get("rope_theta", config.get("rope_theta", 10000.0)),
+                   max_positions=config.get("max_position_embeddings", 4096),
+                   tied=bool(config.get("tie_word_embeddings", False)),
+                   qkv_bias=family == "qwen2" or bool(config.get("attention_bias", False)),
+                   qk_norm=family == "qwen3")
+
+    def check_split(self, tp: int, name: str) -> None:
+        for what, count in (("key/value heads", self.kv_heads), ("attention heads", self.heads),
+                            ("MLP width", self.ffn), ("vocabulary", self.vocab)):
+            if count % tp:
+                raise PolicySetupError(f"policy.megatron_cfg.tensor_model_parallel_size {tp}: {name} has {count} "
+                                       f"{what}, which {tp} ranks cannot split evenly")
+
+
+def _rows(tensor: torch.Tensor, tp: int, rank: int) -> torch.Tensor:
+    return tensor.chunk(tp, 0)[rank]
+
+
+def _columns(tensor: torch.Tensor, tp: int, rank: int) -> torch.Tensor:
+    return tensor.chunk(tp, 1)[rank]
+
+
+def _grouped_qkv(shape: DecoderShape, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """[kv_heads, (heads / kv_heads + 2) * head_dim, ...] from the separate projections (weights or biases)."""
+    per_group = shape.heads // shape.kv_heads
+    tail = q.shape[1:]
+    return torch.cat([q.reshape(shape.kv_heads, per_group * shape.head_dim, *tail),
+                      k.reshape(shape.kv_heads, shape.head_dim, *tail),
+                      v.reshape(shape.kv_heads, shape.head_dim, *tail)], dim=1)
+
+
+def to_megatron(hf: dict[str, torch.Tensor], shape: DecoderShape, tp: int, rank: int) -> dict[str, torch.Tensor]:
+    """This TP rank's GPTModel state dict from a full HF state dict."""
+    out = {"embedding.word_embeddings.weight": _rows(hf["model.embed_tokens.weight"], tp, rank),
+           "decoder.final_layernorm.weight": hf["model.norm.weight"]}
+    if not shape.tied:
+        out["output_layer.weight"] = _rows(hf["lm_head.weight"], tp, rank)
+    for i in range(shape.layers):
+        h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
+        attention = h + "self_attn."
+        qkv = _grouped_qkv(shape, *(hf[f"{attention}{p}_proj.weight"] for p in "qkv"))
+        out[m + "self_attention.linear_qkv.weight"] = _rows(qkv, tp, rank).reshape(-1, shape.hidden)
+        if shape.qkv_bias:
+            bias = _grouped_qkv(shape, *(hf[f"{attention}{p}_proj.bias"] for p in "qkv"))
+            out[m + "self_attention.linear_qkv.bias"] = _rows(bias, tp, rank).reshape(-1)
+        if shape.qk_norm:
+            out[m + "self_attention.q_layernorm.weight"] = hf[attention + "q_norm.weight"]
+            out[m + "self_attention.k_layernorm.weight"] = hf[attention + "k_norm.weight"]
+        out[m + "self_attention.linear_proj.weight"] = _columns(hf[attention + "o_proj.weight"], tp, rank)
+        out[m + "input_layernorm.weight"] = hf[h + "input_layernorm.weight"]
+        out[m + "pre_mlp_layernorm.weight"] = hf[h + "post_attention_layernorm.weight"]
+        out[m + "mlp.linear_fc1.weight"] = torch.cat([_rows(hf[h + "mlp.gate_proj.weight"], tp, rank),
+                                                      _rows(hf[h + "mlp.up_proj.weight"], tp, rank)])
+        out[m + "mlp.linear_fc2.weight"] = _columns(hf[h + "mlp.down_proj.weight"], tp, rank)
+    return out
+
+
+def to_hf(shards: list[dict[str, torch.Tensor]], shape: DecoderShape) -> dict[str, torch.Tensor]:
+    """The full HF state dict (tied lm_head left out) from every TP rank's GPTModel state dict, in rank order."""
+    first = shards[0]
+
+    def rows(name):
+        return torch.cat([s[name] for s in shards], 0)
+
+    def columns(name):
+        return torch.cat([s[name] for s in shards], 1)
+
+    out = {"model.embed_tokens.weight": rows("embedding.word_embeddings.weight"),
+           "model.norm.weight": first["decoder.final_layernorm.weight"]}
+    if not shape.tied:
+        out["lm_head.weight"] = rows("output_layer.weight")
+    per_group = shape.heads // shape.kv_heads
+    q_rows = per_group * shape.head_dim
+    for i in range(shape.layers):
+        h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
+        attention = h + "self_attn."
+        for kind in ("weight", "bias") if shape.qkv_bias else ("weight",):
+            grouped = rows(f"{m}self_attention.linear_qkv.{kind}").reshape(
+                shape.kv_heads, q_rows + 2 * shape.head_dim, *([shape.hidden] if kind == "weight" else []))
+            q, k, v = grouped.split([q_rows, shape.head_dim, shape.head_dim], dim=1)
+            width = [shape.hidden] if kind == "weight" else []
+            out[f"{attention}q_proj.{kind}"] = q.reshape(shape.heads * shape.head_dim, *width)
+            out[f"{attention}k_proj.{kind}"] = k.reshape(shape.kv_heads * shape.head_dim, *width)
+            out[f"{attention}v_proj.{kind}"] = v.reshape(shape.kv_heads * shape.head_dim, *width)
+        if shape.qk_norm:
+            out[attention + "q_norm.weight"] = first[m + "self_attention.q_layernorm.weight"]
+            out[attention + "k_norm.weight"] = first[m + "self_attention.k_layernorm.weight"]
+        out[attention + "o_proj.weight"] = columns(m + "self_attention.linear_proj.weight")
+        out[h + "input_layernorm.weight"] = first[m + "input_layernorm.weight"]
+        out[h + "post_attention_layernorm.weight"] = first[m + "pre_mlp_layernorm.weight"]
+        halves = [s[m + "mlp.linear_fc1.weight"].chunk(2, 0) for s in shards]
+        out[h + "mlp.gate_proj.weight"] = torch.cat([gate for gate, _ in halves])
+        out[h + "mlp.up_proj.weight"] = torch.cat([up for _, up in halves])
+        out[h + "mlp.down_proj.weight"] = columns(m + "mlp.linear_fc2.weight")
+    return out

@@ -1,0 +1,53 @@
+"""megatron-core on a CPU-only torch: megatron 0.16 is written for CUDA and names the device in a
+few places that have nothing CUDA-specific in them (its optimizers' scale and overflow buffers,
+RoPE's frequency table, the default causal mask, the checkpoint writer's synchronize, and a
+`param.type() == 'torch.cuda.FloatTensor'` check). On a machine without CUDA those calls go to the
+CPU instead; nothing changes where CUDA exists. The gloo process groups and every computation are
+megatron's own."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+
+class _CudaNamesOnCpu(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        device = kwargs.get("device")
+        if device is not None and str(device).startswith("cuda"):
+            kwargs["device"] = "cpu"
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            name = func(*args)
+            # megatron's optimizers accept "torch.cuda.<dtype>Tensor" parameters only
+            return name if name.startswith("torch.cuda.") else name.replace("torch.", "torch.cuda.", 1)
+        if func is torch.Tensor.cuda:
+            return args[0]
+        return func(*args, **kwargs)
+
+
+_active = False
+
+
+def use_cpu() -> None:
+    """For the rest of the process (a trainer rank): megatron's CUDA device names mean the CPU."""
+    global _active
+    if _active or torch.cuda.is_available():
+        return
+    torch.cuda.current_device = lambda: torch.device("cpu")
+    torch.cuda.synchronize = lambda *args, **kwargs: None
+    _CudaNamesOnCpu().__enter__()
+    _active = True
+
+
+def quiet_import():
+    """megatron-core warns at import that transformer-engine and apex are missing (expected here)."""
+    import warnings
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(warnings.catch_warnings())
+    warnings.filterwarnings("ignore", message=r".*(Transformer Engine|Apex) (and Apex )?(is|are) not installed.*")
+    warnings.filterwarnings("ignore", message=r".*full scope is deprecated.*")
+    return stack

@@ -1,0 +1,396 @@
+"""`megatron` policy backend: a megatron-core GPTModel (the local layer spec; transformer-engine's
+where it imports) built from an HF folder's config and weights, tensor-parallel over
+`policy.megatron_cfg.tensor_model_parallel_size` neighbouring ranks and data-parallel over the rest,
+wrapped in megatron's DistributedDataParallel and trained by megatron's optimizer (its distributed
+optimizer with use_distributed_optimizer). Checkpoints are megatron dist checkpoints; refit and
+export go back to the HF names (convert.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from dockyard.config.schema import MasterConfig
+from dockyard.config.topology import mesh_line
+from dockyard.distributed import WorldInfo
+from dockyard.io.checkpoint import CheckpointLoadError
+from dockyard.models import model_folder
+from dockyard.policy.base import Policy
+from dockyard.policy.megatron import convert
+from dockyard.policy.megatron.cpu import quiet_import, use_cpu
+from dockyard.policy.megatron.settings import unbuilt, upstream_settings
+from dockyard.policy.samples import (PolicySetupError, Sample, TrainingInterrupted, lr_factor, plan_micro_batches)
+from dockyard.policy.tensor_parallel import VocabShard, token_logprobs
+from dockyard.policy.training import micro_batch_loss
+
+FORMAT = "megatron_dist_ckpt"
+LAYOUT = "megatron_layout.json"   # beside dist_ckpt/: the world that wrote its optimizer state
+# optimizer state sharded per data-parallel rank (the seed's default optimizer_sharding_type); the
+# model's tensors are saved whole-tensor-addressed and load into another TP layout
+_OPTIMIZER_SHARDING = {"distrib_optim_sharding_type": "dp_reshardable"}
+
+
+def _hf_weights(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise PolicySetupError(f"policy.model_name: {folder} holds no .safetensors weights for the megatron backend")
+    weights: dict[str, torch.Tensor] = {}
+    for path in files:
+        weights.update(load_file(str(path)))
+    return weights
+
+
+class MegatronPolicy(Policy):
+    def __init__(self, config: MasterConfig, world: WorldInfo, device: torch.device, total_optimizer_steps: int,
+                 model_path: str | None = None, trainable: bool = True):
+        self.config, self.world, self.device = config, world, device
+        policy = config.policy
+        problems = unbuilt(config)
+        if problems:
+            raise PolicySetupError("; ".join(f"{p.path}: {p.message}" for p in problems))
+        if device.type == "cpu":
+            use_cpu()
+        with quiet_import():
+            from megatron.core import parallel_state
+            from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+            from megatron.core.models.gpt.gpt_model import GPTModel
+            from megatron.core.tensor_parallel.random import initialize_rng_tracker
+        self.parallel = parallel_state
+        megatron = policy.megatron_cfg
+        tp = megatron.tensor_model_parallel_size
+        if world.world_size % tp:
+            raise PolicySetupError(f"policy.megatron_cfg.tensor_model_parallel_size {tp}: the trainer world has "
+                                   f"{world.world_size} ranks")
+        if not parallel_state.model_parallel_is_initialized():
+            parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+            # dropout is off (the trainer's logprobs are the servers' policy): no per-rank RNG streams needed
+            initialize_rng_tracker(inference_rng_tracker=True)
+            if world.is_main and trainable:
+                print(f"dockyard: megatron {mesh_line(world.world_size, world.world_size // tp, tp, 1)}",
+                      file=sys.stderr, flush=True)
+        self.tp, self.tp_rank = tp, parallel_state.get_tensor_model_parallel_rank()
+        self.tp_group = parallel_state.get_tensor_model_parallel_group()
+        self.dp_group = parallel_state.get_data_parallel_group()
+        self.dp_size = parallel_state.get_data_parallel_world_size()
+        self.folder = model_folder(model_path or policy.model_name)
+        hf_config = json.loads((self.folder / "config.json").read_text())
+        self.shape = convert.DecoderShape.of(hf_config, str(self.folder))
+        self.shape.check_split(tp, str(self.folder))
+        transformer, ddp, optimizer = upstream_settings(config, self.shape, trainable)
+        self.transformer_config = transformer
+        spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=self.shape.qk_norm)
+        with quiet_import():
+            self.model = GPTModel(config=transformer, transformer_layer_spec=spec, vocab_size=self.shape.vocab,
+                                  max_sequence_length=self.shape.max_positions, position_embedding_type="rope",
+                                  rotary_base=self.shape.rope_theta,
+                                  share_embeddings_and_output_weights=self.shape.tied)
+        self._load_hf(_hf_weights(self.folder))
+        self.temperature = policy.generation.temperature or 1.0
+        self.vocab = VocabShard(self.tp_rank * self.shape.vocab // tp, self.shape.vocab // tp, self.tp_group) \
+            if tp > 1 else None
+        self.optimizer = self.ddp = None
+        self.optimizer_steps, self.total_optimizer_steps = 0, total_optimizer_steps
+        if trainable:
+            from megatron.core.distributed import DistributedDataParallel
+            from megatron.core.optimizer import get_megatron_optimizer
+
+            self.ddp = DistributedDataParallel(transformer, ddp, self.model)
+            with quiet_import():
+                self.optimizer = get_megatron_optimizer(optimizer, [self.ddp])
+            self._set_lr()
+        else:
+            self.model.requires_grad_(False)
+        self.model.eval()
+
+    # --- weights in and out -------------------------------------------------------------------
+
+    def _load_hf(self, hf: dict[str, torch.Tensor]) -> None:
+        try:
+            state = convert.to_megatron(hf, self.shape, self.tp, self.tp_rank)
+        except KeyError as err:
+            raise PolicySetupError(f"{self.folder}: weight {err.args[0]} is missing for a {self.shape.family} "
+                                   "model") from None
+        own = {name for name in self.model.state_dict() if not name.endswith("_extra_state")}
+        missing, unexpected = sorted(own - set(state)), sorted(set(state) - own)
+        if missing or unexpected:
+            raise PolicySetupError(f"{self.folder}: the megatron model and the converted weights differ "
+                                   f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+        with torch.no_grad():
+            for name, tensor in self.model.state_dict().items():
+                if name in state:
+                    tensor.copy_(state[name].to(tensor.dtype))
+
+    def _gathered_hf(self) -> dict[str, torch.Tensor]:
+        """Full HF weights on rank 0 (every rank calls it; the TP groups gather their shards)."""
+        local = {name: t.detach() for name, t in self.model.state_dict().items() if not name.endswith("_extra_state")}
+        if self.tp == 1:
+            shards = [local]
+        else:
+            shards = [{} for _ in range(self.tp)]
+            for name, tensor in local.items():
+                parts = [torch.empty_like(tensor) for _ in range(self.tp)]
+                dist.all_gather(parts, tensor.contiguous(), group=self.tp_group)
+                for rank, part in enumerate(parts):
+                    shards[rank][name] = part
+        if not self.world.is_main:
+            return {}
+        return convert.to_hf(shards, self.shape)
+
+    def serving_weights(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        return {name: tensor.to(dtype) for name, tensor in self._gathered_hf().items()}
+
+    def copy_weights_from(self, other: "MegatronPolicy") -> None:
+        with torch.no_grad():
+            for mine, theirs in zip(self.model.parameters(), other.model.parameters()):
+                mine.copy_(theirs)
+
+    def load_weights(self, path) -> None:
+        """A saved step's weights: its dist checkpoint when it holds one of this backend, else its HF export."""
+        from dockyard.models import checkpoint_weights_folder
+
+        folder = checkpoint_weights_folder(path)
+        record = folder / "trainer_state.json"
+        held = json.loads(record.read_text()).get("contents", {}) if record.is_file() else {}
+        if held.get("format") == FORMAT and (folder / "dist_ckpt").is_dir():
+            MegatronState(self).load_model_only(folder)
+        elif (folder / "hf" / "model.safetensors").is_file():
+            self._load_hf(_hf_weights(folder / "hf"))
+        else:
+            raise CheckpointLoadError(f"{folder} holds neither a megatron dist checkpoint nor an HF export "
+                                      "(checkpointing.export_hf) this backend can load")
+
+    def checkpoint_state(self) -> "MegatronState":
+        return MegatronState(self)
+
+    def score_data(self, packed: bool) -> None:
+        if packed:
+            raise PolicySetupError("sft.packing: packed rows are not built for the megatron backend; set "
+                                   "sft.packing=false")
+        self.temperature = 1.0
+
+    # --- forward ------------------------------------------------------------------------------
+
+    def _forward_logprobs(self, samples: list[Sample], with_entropy: bool):
+        """Logprobs (and entropy) of each sample's response tokens as right-aligned [B, R] rows.
+
+        Rows are right-padded: each sequence starts at position 0, and the causal mask also hides the
+        padding keys, so no token sees another sequence's or the padding's."""
+        width = max(len(s.token_ids) for s in samples)
+        responses = max(1, max(s.response_length for s in samples))
+        ids = torch.zeros((len(samples), width), dtype=torch.long)
+        real = torch.zeros((len(samples), width), dtype=torch.bool)
+        for row, sample in enumerate(samples):
+            ids[row, :len(sample.token_ids)] = torch.tensor(sample.token_ids)
+            real[row, :len(sample.token_ids)] = True
+        causal = torch.ones(width, width, dtype=torch.bool).tril()
+        allowed = causal[None] & real[:, None, :]
+        allowed |= torch.eye(width, dtype=torch.bool)[None]    # a padding row attends to itself
+        positions = torch.arange(width)[None].expand(len(samples), width)
+        logits = self.model(ids.to(self.device), positions.to(self.device), (~allowed)[:, None].to(self.device))
+        # the response tokens of each row, right-aligned; position p predicts token p + 1
+        where_row, where_pos, out_col = [], [], []
+        for row, sample in enumerate(samples):
+            n = sample.response_length
+            where_row += [row] * n
+            where_pos += list(range(sample.prompt_length - 1, len(sample.token_ids) - 1))
+            out_col += list(range(responses - n, responses))
+        rows, pos = torch.tensor(where_row, dtype=torch.long), torch.tensor(where_pos, dtype=torch.long)
+        picked = logits[rows, pos]
+        flat, flat_entropy = token_logprobs(picked, ids[rows, pos + 1].to(self.device), self.temperature,
+                                            with_entropy, self.vocab)
+        where = (rows, torch.tensor(out_col, dtype=torch.long))
+        logprobs = torch.zeros((len(samples), responses)).index_put(where, flat)
+        entropy = torch.zeros((len(samples), responses)).index_put(where, flat_entropy) if with_entropy else None
+        return logprobs, entropy
+
+    def _micro_batches(self, samples: list[Sample], micro_size: int) -> list[list[int]]:
+        """Every rank of the world gets the same number (empty ones pad): a forward is a TP collective."""
+        budget = self.config.policy.dynamic_batching
+        batches = plan_micro_batches([len(s.token_ids) for s in samples], micro_size,
+                                     budget.max_tokens_per_gpu if budget.enabled else None)
+        count = torch.tensor([len(batches)], dtype=torch.long)
+        if self.world.world_size > 1:
+            dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        return batches + [[] for _ in range(int(count) - len(batches))]
+
+    @torch.no_grad()
+    def logprobs(self, samples: list[Sample]) -> list[torch.Tensor]:
+        policy = self.config.policy
+        out: list[torch.Tensor | None] = [None] * len(samples)
+        for batch in self._micro_batches(samples, policy.logprob_batch_size or policy.train_micro_batch_size):
+            chosen = [samples[i] for i in batch] or [Sample(token_ids=[0, 0], prompt_length=1)]
+            logprobs, _ = self._forward_logprobs(chosen, with_entropy=False)
+            for row, index in enumerate(batch):
+                out[index] = logprobs[row, logprobs.shape[1] - samples[index].response_length:].cpu()
+        return out
+
+    # --- training -----------------------------------------------------------------------------
+
+    def _set_lr(self) -> None:
+        sched = self.config.policy.scheduler
+        lr = self.config.policy.optimizer.lr * lr_factor(self.optimizer_steps, sched.warmup_steps,
+                                                         self.total_optimizer_steps, sched.name, sched.min_lr_ratio)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def train_mini_batch(self, samples: list[Sample], old_logprobs, ref_logprobs, loss_fn,
+                         interrupt: Callable[[], bool] | None = None, before_loss=None) -> dict[str, float]:
+        from megatron.core.distributed import finalize_model_grads
+
+        policy, loss_cfg = self.config.policy, self.config.loss_fn
+        masks = [s.response_mask() for s in samples]
+        totals = self._sum_over_data([float(sum(m.sum() for m in masks)), float(len(samples))])
+        self.ddp.train()
+        self.ddp.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        sums: dict[str, float] = {}
+        loss_value = 0.0
+        try:
+            for batch in self._micro_batches(samples, policy.train_micro_batch_size):
+                if interrupt is not None and interrupt():
+                    self.ddp.zero_grad_buffer()
+                    raise TrainingInterrupted()
+                chosen = [samples[i] for i in batch] or [Sample(token_ids=[0, 0], prompt_length=1)]
+                logprobs, entropy = self._forward_logprobs(chosen, with_entropy=True)
+                share = micro_batch_loss(samples, batch, logprobs, entropy, masks, old_logprobs, ref_logprobs,
+                                         loss_fn, loss_cfg, (float(totals[0]), float(totals[1])), before_loss, sums)
+                # megatron's DDP averages gradients over the data-parallel ranks; the share is already a
+                # fraction of the whole mini-batch, so the average is undone to make it a sum
+                (share * self.dp_size).backward()
+                loss_value += float(share.detach())
+            # the data-parallel reduction, and the sums megatron owes replicated weights that see part of the
+            # model per TP rank (Qwen3's q/k norms) or that are shared between pipeline stages
+            finalize_model_grads([self.ddp])
+            succeeded, grad_norm, _ = self.optimizer.step()
+        finally:
+            self.ddp.eval()
+        if not succeeded:
+            raise RuntimeError("megatron's optimizer skipped the step (a gradient was not finite)")
+        self.optimizer_steps += 1
+        lr = self.optimizer.param_groups[0]["lr"]
+        self._set_lr()
+        reduced = self._sum_over_data([loss_value] + [sums[k] for k in sorted(sums)])
+        result = {"loss": float(reduced[0]), "grad_norm": float(grad_norm if grad_norm is not None else 0.0),
+                  "lr": lr}
+        for index, name in enumerate(sorted(sums), start=1):
+            result[name] = float(reduced[index]) / max(float(totals[0]), 1.0)
+        return result
+
+    def _sum_over_data(self, values: list[float]) -> torch.Tensor:
+        total = torch.tensor(values, dtype=torch.float64)
+        if self.dp_size > 1:
+            dist.all_reduce(total, group=self.dp_group)
+        return total
+
+
+class MegatronState:
+    """A megatron policy's weights and (distributed) optimizer as a megatron dist checkpoint under
+    dist_ckpt/, and its learning-rate position."""
+
+    format = FORMAT
+    adapters_only = False
+
+    def __init__(self, policy: MegatronPolicy):
+        self.policy = policy
+
+    def _sharded(self, with_optimizer: bool, loading: bool) -> dict[str, Any]:
+        model = self.policy.model.sharded_state_dict()
+        state = {"model": model}
+        if with_optimizer and self.policy.optimizer is not None:
+            state["optimizer"] = self.policy.optimizer.sharded_state_dict(model, is_loading=loading,
+                                                                          metadata=_OPTIMIZER_SHARDING)
+        return state
+
+    def save(self, folder: Path, with_optimizer: bool) -> None:
+        import queue
+
+        from megatron.core import dist_checkpointing
+        from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+        # megatron collects its writers' results through a queue served by a spawned manager process,
+        # made for saves that finish in a background process; this save is synchronous (the results are
+        # read in this process), and that manager would outlive a trainer killed by a preemption
+        if filesystem_async._results_queue is None:
+            filesystem_async._results_queue = queue.Queue()
+
+        target = folder / "dist_ckpt"
+        if self.policy.world.is_main:
+            target.mkdir()
+            (folder / LAYOUT).write_text(json.dumps(self._layout()))
+        dist.barrier()
+        dist_checkpointing.save(self._sharded(with_optimizer, loading=False), str(target))
+
+    def load(self, folder: Path, held: dict[str, Any]) -> None:
+        from megatron.core import dist_checkpointing
+
+        if not held["dcp"]:
+            self.policy._load_hf(_hf_weights(folder / "hf"))
+            return
+        with_optimizer = held["optimizer"] and self.policy.optimizer is not None
+        if with_optimizer:
+            saved = json.loads((folder / LAYOUT).read_text()) if (folder / LAYOUT).is_file() else None
+            if saved != self._layout():
+                raise CheckpointLoadError(
+                    f"{folder}: its optimizer state was saved by a megatron world of {saved}, and this run is "
+                    f"{self._layout()}; megatron's dp_reshardable optimizer state loads only into the same "
+                    "tensor-parallel and data-parallel layout (the weights load into any: use the step as "
+                    "loss_fn.reference_model.checkpoint_path, or resume from its HF export as policy.model_name)")
+            self._fill_empty_optimizer_state()
+        try:
+            loaded = dist_checkpointing.load(self._sharded(with_optimizer, loading=True), str(folder / "dist_ckpt"))
+        except Exception as err:   # megatron's CheckpointingException and the readers' errors, with the file named
+            raise CheckpointLoadError(f"{folder / 'dist_ckpt'} cannot be loaded into this model: "
+                                      f"{str(err).strip().splitlines()[-1][:600] if str(err).strip() else err}") from None
+        self.policy.model.load_state_dict(loaded["model"], strict=False)
+        if with_optimizer:
+            with torch.no_grad():   # the fp32 parameters are the optimizer's own main copies
+                self.policy.optimizer.load_state_dict(loaded["optimizer"])
+            self._restore_step_counts()
+
+    def _layout(self) -> dict[str, Any]:
+        megatron = self.policy.config.policy.megatron_cfg
+        return {"tensor_model_parallel_size": self.policy.tp, "data_parallel_size": self.policy.dp_size,
+                "use_distributed_optimizer": megatron.use_distributed_optimizer}
+
+    def _fill_empty_optimizer_state(self) -> None:
+        """A fresh optimizer has no moments yet, and megatron's loader reads into existing ones (with a
+        step count per parameter, as torch's Adam keeps it): zeros, overwritten by the load."""
+        for chained in getattr(self.policy.optimizer, "chained_optimizers", [self.policy.optimizer]):
+            inner = chained.optimizer
+            for group in inner.param_groups:
+                for parameter in group["params"]:
+                    if not inner.state[parameter]:
+                        inner.state[parameter] = {"step": torch.tensor(0.0),
+                                                  "exp_avg": torch.zeros_like(parameter),
+                                                  "exp_avg_sq": torch.zeros_like(parameter)}
+
+    def _restore_step_counts(self) -> None:
+        """megatron 0.16's dp_reshardable load leaves torch Adam's per-parameter step counts at zero (one
+        shared tensor) while the parameter groups hold the saved step; the bias correction needs it."""
+        for chained in getattr(self.policy.optimizer, "chained_optimizers", [self.policy.optimizer]):
+            inner = chained.optimizer
+            for group in inner.param_groups:
+                for parameter in group["params"]:
+                    if "step" in group and inner.state[parameter]:
+                        inner.state[parameter]["step"] = torch.tensor(float(group["step"]))
+
+    def load_model_only(self, folder: Path) -> None:
+        self.load(folder, {"dcp": True, "optimizer": False})
+
+    def hf_weights(self) -> dict[str, torch.Tensor]:
+        return self.policy._gathered_hf()
+
+    def scheduler_state(self) -> dict[str, Any]:
+        return {"optimizer_steps": self.policy.optimizer_steps}
+
+    def load_scheduler_state(self, state: dict[str, Any]) -> None:
+        self.policy.optimizer_steps = int(state["optimizer_steps"])
+        if self.policy.optimizer is not None:
+            self.policy._set_lr()

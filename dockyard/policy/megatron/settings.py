@@ -1,0 +1,137 @@
+"""`policy.megatron_cfg` -> megatron-core's own config objects, and what of it is not built.
+
+The named fields map as the seed's `megatron.model` / `ddp_config` / `optimizer` do; any other
+field is forwarded by name to the upstream class that has it (TransformerConfig,
+DistributedDataParallelConfig or OptimizerConfig) and refused by name when none has it or when
+the class rejects its value. The model's structure comes from the HF folder, not from here."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+
+from dockyard.config.errors import Problem
+from dockyard.config.schema import MasterConfig
+from dockyard.policy.samples import PolicySetupError
+
+# set by dockyard from the model folder and the policy section: a user value would contradict them
+_DERIVED = {"num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "ffn_hidden_size",
+            "normalization", "layernorm_epsilon", "gated_linear_unit", "activation_func", "add_bias_linear",
+            "add_qkv_bias", "qk_layernorm", "params_dtype", "lr", "weight_decay", "adam_beta1", "adam_beta2",
+            "adam_eps", "clip_grad", "optimizer", "hidden_dropout", "attention_dropout"}
+_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def unbuilt(cfg: MasterConfig) -> list[Problem]:
+    """What the megatron backend does not build yet, by name (the preflight and the backend call it)."""
+    if cfg.policy.backend != "megatron" or cfg.policy.megatron_cfg is None:
+        return []
+    m, policy = cfg.policy.megatron_cfg, cfg.policy
+    problems = []
+    for name, value, what in (
+            ("pipeline_model_parallel_size", m.pipeline_model_parallel_size > 1, "pipeline parallelism"),
+            ("virtual_pipeline_model_parallel_size", m.virtual_pipeline_model_parallel_size is not None,
+             "virtual pipeline stages"),
+            ("context_parallel_size", m.context_parallel_size > 1, "context parallelism"),
+            ("expert_model_parallel_size", m.expert_model_parallel_size > 1, "expert parallelism (MoE models)"),
+            ("fp8", m.fp8 is not None, "FP8 training (transformer-engine, GPUs)"),
+            ("optimizer_cpu_offload", m.optimizer_cpu_offload, "optimizer CPU offload")):
+        if value:
+            problems.append(Problem(f"policy.megatron_cfg.{name}", f"{what} is not built for the megatron backend "
+                                    "yet; use the default"))
+    if m.bf16 or m.fp16 or policy.precision != "fp32":
+        problems.append(Problem("policy.megatron_cfg.bf16" if m.bf16 else "policy.precision",
+                                "the megatron backend trains in fp32 only in this version (its bf16 master-weight "
+                                "path is not wired yet); set policy.precision=fp32 and megatron_cfg bf16/fp16 false"))
+    if policy.optimizer.name != "adamw":
+        problems.append(Problem("policy.optimizer.name", "the megatron backend trains with AdamW only in this version "
+                                "(megatron's checkpoints of a torch SGD carry no step count); use adamw"))
+    if policy.lora.enabled:
+        problems.append(Problem("policy.lora.enabled", "LoRA is not built for the megatron backend; use dtensor"))
+    if policy.dynamic_batching.enabled and policy.dynamic_batching.share_prompts:
+        problems.append(Problem("policy.dynamic_batching.share_prompts", "shared-prompt rows are not built for the "
+                                "megatron backend; turn it off"))
+    if cfg.policy.dtensor_cfg.activation_checkpointing:
+        problems.append(Problem("policy.dtensor_cfg.activation_checkpointing", "a dtensor setting; the megatron "
+                                "backend reads megatron_cfg (recompute_granularity) instead"))
+    problems += [Problem(f"policy.megatron_cfg.{name}", message) for name, message in _unknown_fields(cfg)]
+    return problems
+
+
+def _upstream_classes():
+    from dockyard.policy.megatron.cpu import quiet_import
+
+    with quiet_import():
+        from megatron.core.distributed import DistributedDataParallelConfig
+        from megatron.core.optimizer import OptimizerConfig
+        from megatron.core.transformer.transformer_config import TransformerConfig
+    return TransformerConfig, DistributedDataParallelConfig, OptimizerConfig
+
+
+def _extra(cfg: MasterConfig) -> dict:
+    return dict(cfg.policy.megatron_cfg.model_extra or {})
+
+
+def _unknown_fields(cfg: MasterConfig) -> list[tuple[str, str]]:
+    extra = _extra(cfg)
+    if not extra:
+        return []
+    classes = _upstream_classes()
+    known = {f.name for cls in classes for f in dataclasses.fields(cls)}
+    out = []
+    for name in sorted(extra):
+        if name in _DERIVED:
+            out.append((name, "set by dockyard from the model folder and the policy section (policy.optimizer, "
+                              "policy.max_grad_norm, policy.precision); remove it"))
+        elif name not in known:
+            out.append((name, f"no field of megatron-core's {', '.join(c.__name__ for c in classes)} has this name"))
+    return out
+
+
+def _split(extra: dict, cls) -> dict:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in extra.items() if k in names}
+
+
+def upstream_settings(cfg: MasterConfig, shape, trainable: bool):
+    """(TransformerConfig, DistributedDataParallelConfig, OptimizerConfig) for this run."""
+    TransformerConfig, DDPConfig, OptimizerConfig = _upstream_classes()
+    m, policy = cfg.policy.megatron_cfg, cfg.policy
+    extra = _extra(cfg)
+    dtype = _PRECISION[policy.precision]
+
+    def build(cls, **kwargs):
+        fields = _split(extra, cls)
+        try:
+            return cls(**{**kwargs, **fields})
+        except (TypeError, ValueError, AssertionError) as err:
+            names = ", ".join(sorted(fields)) or "its settings"
+            raise PolicySetupError(f"policy.megatron_cfg ({names}): megatron-core's {cls.__name__} refused them: "
+                                   f"{err}") from None
+
+    from dockyard.policy.megatron.cpu import quiet_import
+
+    with quiet_import():
+        transformer = build(
+            TransformerConfig, num_layers=shape.layers, hidden_size=shape.hidden, num_attention_heads=shape.heads,
+            num_query_groups=shape.kv_heads, kv_channels=shape.head_dim, ffn_hidden_size=shape.ffn,
+            normalization="RMSNorm", layernorm_epsilon=shape.norm_eps, gated_linear_unit=True, activation_func=F.silu,
+            add_bias_linear=False, add_qkv_bias=shape.qkv_bias, qk_layernorm=shape.qk_norm, hidden_dropout=0.0,
+            attention_dropout=0.0, use_cpu_initialization=True, params_dtype=dtype, bf16=m.bf16, fp16=m.fp16,
+            tensor_model_parallel_size=m.tensor_model_parallel_size,
+            # the fused kernels are CUDA builds; the plain torch paths compute the same
+            bias_activation_fusion=False, bias_dropout_fusion=False, apply_rope_fusion=False,
+            masked_softmax_fusion=False, persist_layer_norm=False, gradient_accumulation_fusion=False)
+    if not trainable:
+        return transformer, None, None
+    ddp = build(DDPConfig, use_distributed_optimizer=m.use_distributed_optimizer,
+                grad_reduce_in_fp32=m.grad_reduce_in_fp32)
+    opt = policy.optimizer
+    adam = opt.name == "adamw"
+    optimizer = build(OptimizerConfig, optimizer="adam" if adam else "sgd", lr=opt.lr, weight_decay=opt.weight_decay,
+                      adam_beta1=opt.betas[0], adam_beta2=opt.betas[1], adam_eps=opt.eps,
+                      clip_grad=policy.max_grad_norm, use_distributed_optimizer=m.use_distributed_optimizer,
+                      bf16=m.bf16, fp16=m.fp16, params_dtype=dtype)
+    return transformer, ddp, optimizer

@@ -1,0 +1,100 @@
+"""One trainer rank for the backend contract and parity tests (tests/policy/test_policy_backends.py):
+builds the policy of --backend over the world in RANK / WORLD_SIZE through the Policy interface
+only, and writes (rank 0) to OUT: the logprobs before training, each step's figures, the logprobs
+after, the serving weights, and the logprobs of a fresh policy that resumed from the checkpoint
+saved after step 1 and trained step 2 again (exact resume), and of a reference loaded from it.
+
+    python tests/policy/backend_worker.py --backend megatron --model DIR --out FILE [--tp 2] [--set K=V ...]
+"""
+
+import argparse
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from dockyard import registry
+from dockyard.config import load_config
+from dockyard.distributed import init_trainer_world
+from dockyard.io.checkpoint import CheckpointManager
+from tests.policy.parallel_worker import fixed_samples
+
+
+def load_elsewhere(args, world, cfg, build) -> None:
+    """Writes the reference's logprobs from the step, and what resuming from it said."""
+    from dockyard.io.checkpoint import CheckpointLoadError
+
+    reference = build(trainable=False)
+    reference.load_weights(args.load)
+    logprobs = reference.logprobs(fixed_samples(512))
+    try:
+        CheckpointManager(cfg.checkpointing, world.rank).load(Path(args.load), build().checkpoint_state())
+        resumed = "resumed"
+    except CheckpointLoadError as err:
+        resumed = str(err)
+    if world.is_main:
+        torch.save({"reference": logprobs, "resumed": resumed}, args.out)
+    dist.barrier()
+    dist.destroy_process_group()
+    os._exit(0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--backend", required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--set", action="append", default=[])
+    parser.add_argument("--load", help="instead: a step saved by another layout, loaded as a reference and resumed")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    world = init_trainer_world(torch.device("cpu"), timeout_s=120, model_parallel_size=args.tp)
+    overrides = [f"policy.model_name={args.model}", f"policy.backend={args.backend}",
+                 f"cluster.cpu_ranks_per_node={world.world_size}", "policy.train_micro_batch_size=2",
+                 "loss_fn.entropy_coef=0.01", "policy.max_grad_norm=0.05", "policy.optimizer.lr=1e-3", *args.set]
+    if args.backend == "megatron":
+        overrides += [f"+policy.megatron_cfg.tensor_model_parallel_size={args.tp}"]
+    cfg = load_config("grpo_tiny.yaml", overrides).config
+    folder = args.out + ".checkpoints"   # the same on every rank
+    cfg = cfg.model_copy(update={"checkpointing": cfg.checkpointing.model_copy(update={"checkpoint_dir": folder,
+                                                                                      "export_hf": True})})
+
+    def build(trainable=True):
+        return registry.build("policy_backend", args.backend, config=cfg, world=world, device=torch.device("cpu"),
+                              total_optimizer_steps=4, trainable=trainable)
+
+    if args.load:
+        load_elsewhere(args, world, cfg, build)
+        return
+    policy = build()
+    loss = registry.build("loss", cfg.loss_fn.name, config=cfg.loss_fn)
+    samples = fixed_samples(512)
+    local = samples[world.data_rank::world.data_size]
+    before = policy.logprobs(samples)
+    manager = CheckpointManager(cfg.checkpointing, world.rank, hf_source=args.model)
+    steps = [policy.train_mini_batch(local, None, None, loss)]
+    saved = manager.save(1, policy.checkpoint_state(), {})
+    after_one = policy.logprobs(samples)
+    steps.append(policy.train_mini_batch(local, None, None, loss))
+    after = policy.logprobs(samples)
+    serving = policy.serving_weights(torch.float32)
+    resumed = build()
+    manager.load(saved, resumed.checkpoint_state())
+    again = resumed.train_mini_batch(local, None, None, loss)
+    resumed_after = resumed.logprobs(samples)
+    reference = build(trainable=False)
+    reference.load_weights(saved)
+    reference_logprobs = reference.logprobs(samples)
+    if world.is_main:
+        torch.save({"before": before, "steps": steps, "after": after, "serving": serving, "again": again, "after_one": after_one,
+                    "resumed_after": resumed_after, "reference": reference_logprobs,
+                    "hf_export": str(saved / "hf")}, args.out)
+    dist.barrier()
+    dist.destroy_process_group()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

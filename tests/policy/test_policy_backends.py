@@ -1,0 +1,145 @@
+"""Every policy backend honours the Policy interface the same way, and the megatron backend computes
+what the dtensor backend computes: the same logprobs, losses and gradient norms on the same weights
+and batch (TP 1, TP 2, and 2 data-parallel ranks with megatron's distributed optimizer), serving
+weights under the HF names, an exact resume from its dist checkpoint and a reference loaded from it
+(also into another TP layout), and bad input refused by name. Each world is a set of worker
+processes (backend_worker.py): megatron's parallel state is per process."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dockyard.distributed import free_port
+from dockyard.policy.megatron import convert
+from tests.conftest import REPO
+
+WORKER = Path(__file__).with_name("backend_worker.py")
+pytest.importorskip("megatron.core")
+
+
+def launch(world: int, out: Path, *args: str, timeout: int = 300) -> dict:
+    port = free_port()
+    processes = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), PYTHONPATH=str(REPO))
+        processes.append(subprocess.Popen([sys.executable, str(WORKER), "--out", str(out), *args], env=env, cwd=REPO,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs = []
+    for process in processes:
+        try:
+            outputs.append(process.communicate(timeout=timeout)[0])
+        except subprocess.TimeoutExpired:
+            for other in processes:
+                other.kill()
+            raise
+    failed = [(rank, p.returncode) for rank, p in enumerate(processes) if p.returncode]
+    assert not failed, f"ranks failed {failed}:\n" + "\n".join(out[-3000:] for out in outputs)
+    return torch.load(out, weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model, tiny_tied_model, tiny_qwen3_model, tmp_path_factory):
+    root = tmp_path_factory.mktemp("backends")
+    models = {"llama": tiny_model, "tied": tiny_tied_model, "qwen3": tiny_qwen3_model}
+    results = {}
+    for name, model in models.items():
+        results[("dtensor", name)] = launch(1, root / f"dtensor-{name}.pt", "--backend", "dtensor", "--model", str(model))
+        results[("megatron", name)] = launch(1, root / f"megatron-{name}.pt", "--backend", "megatron",
+                                             "--model", str(model))
+    for name in ("llama", "qwen3"):
+        results[("megatron-tp2", name)] = launch(2, root / f"tp2-{name}.pt", "--backend", "megatron", "--tp", "2",
+                                                 "--model", str(models[name]))
+    results[("megatron-dp2", "llama")] = launch(2, root / "dp2-llama.pt", "--backend", "megatron",
+                                                "--model", str(tiny_model))
+    step = root / "tp2-llama.pt.checkpoints" / "step_1"
+    results["elsewhere"] = launch(1, root / "elsewhere.pt", "--backend", "megatron", "--model", str(tiny_model),
+                                  "--load", str(step))
+    return results
+
+
+def max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    assert [x.shape for x in a] == [y.shape for y in b]
+    return max(float((x - y).abs().max()) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("world, model", [("megatron", "llama"), ("megatron", "tied"), ("megatron", "qwen3"),
+                                          ("megatron-tp2", "llama"), ("megatron-tp2", "qwen3"),
+                                          ("megatron-dp2", "llama")])
+def test_megatron_matches_dtensor_on_the_same_weights_and_batch(runs, world, model):
+    got, want = runs[(world, model)], runs[("dtensor", model)]
+    assert max_diff(got["before"], want["before"]) <= 1e-4
+    for mine, theirs in zip(got["steps"], want["steps"]):
+        for name in ("loss", "grad_norm", "entropy"):
+            assert mine[name] == pytest.approx(theirs[name], rel=1e-3), name
+    assert max_diff(got["after"], want["after"]) <= 1e-4
+    assert max_diff(got["after"], got["before"]) > 1e-3    # the steps moved the policy
+    assert set(got["serving"]) == set(want["serving"])
+    assert max(float((got["serving"][n] - want["serving"][n]).abs().max()) for n in want["serving"]) <= 1e-4
+
+
+@pytest.mark.parametrize("backend", ["dtensor", "megatron", "megatron-tp2", "megatron-dp2"])
+def test_every_backend_resumes_exactly_and_loads_a_reference_from_its_checkpoint(runs, backend):
+    got = runs[(backend, "llama")]
+    assert got["again"] == got["steps"][1]                  # step 2 again after the resume: the same figures
+    assert max_diff(got["resumed_after"], got["after"]) == 0.0
+    assert max_diff(got["reference"], got["after_one"]) == 0.0
+
+
+def test_a_tp2_checkpoint_loads_as_a_reference_on_one_rank_and_its_optimizer_is_refused_by_name(runs):
+    elsewhere, source = runs["elsewhere"], runs[("megatron-tp2", "llama")]
+    assert max_diff(elsewhere["reference"], source["after_one"]) <= 1e-5
+    assert "'tensor_model_parallel_size': 2" in elsewhere["resumed"]
+    assert "loads only into the same tensor-parallel and data-parallel layout" in elsewhere["resumed"]
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_the_weight_converter_round_trips_bit_identically(tiny_model, tiny_tied_model, tiny_qwen3_model, tmp_path,
+                                                          tp):
+    import json
+
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    qwen2 = tmp_path / "qwen2"   # q/k/v biases
+    torch.manual_seed(1)
+    AutoModelForCausalLM.from_config(Qwen2Config(vocab_size=256, hidden_size=64, intermediate_size=96,
+                                                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                                 tie_word_embeddings=False)).save_pretrained(qwen2)
+    for folder in (tiny_model, tiny_tied_model, tiny_qwen3_model, qwen2):
+        hf = load_file(str(folder / "model.safetensors"))
+        shape = convert.DecoderShape.of(json.loads((folder / "config.json").read_text()), str(folder))
+        shards = [convert.to_megatron(hf, shape, tp, rank) for rank in range(tp)]
+        back = convert.to_hf(shards, shape)
+        expected = {n: t for n, t in hf.items() if not (shape.tied and n == "lm_head.weight")}
+        assert set(back) == set(expected), folder.name
+        assert all(torch.equal(back[n], expected[n]) for n in expected), folder.name
+
+
+def test_bad_megatron_input_is_refused_by_name_before_training(tiny_model, tmp_path):
+    import json
+
+    from dockyard.config import load_config
+    from dockyard.policy.megatron.settings import unbuilt
+    from dockyard.policy.samples import PolicySetupError
+
+    base = [f"models_dir={tiny_model.parent}", f"policy.model_name={tiny_model}", "policy.backend=megatron",
+            "+policy.megatron_cfg.tensor_model_parallel_size=1"]
+    problems = {p.path: p.message for p in unbuilt(load_config("grpo_tiny.yaml", base + [
+        "+policy.megatron_cfg.pipeline_model_parallel_size=2", "+policy.megatron_cfg.no_such_field=3",
+        "+policy.megatron_cfg.hidden_size=64"]).config)}
+    assert "pipeline parallelism is not built" in problems["policy.megatron_cfg.pipeline_model_parallel_size"]
+    assert "TransformerConfig" in problems["policy.megatron_cfg.no_such_field"]
+    assert "set by dockyard from the model folder" in problems["policy.megatron_cfg.hidden_size"]
+    gpt2 = tmp_path / "gpt2"
+    gpt2.mkdir()
+    (gpt2 / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    with pytest.raises(PolicySetupError, match="gpt2.* the megatron weight converter knows the llama, qwen2, qwen3"):
+        convert.DecoderShape.of(json.loads((gpt2 / "config.json").read_text()), str(gpt2))
+    shape = convert.DecoderShape.of(json.loads((tiny_model / "config.json").read_text()), str(tiny_model))
+    with pytest.raises(PolicySetupError, match="tensor_model_parallel_size 3: .* 2 key/value heads"):
+        shape.check_split(3, str(tiny_model))
