@@ -58,10 +58,12 @@ def checkpoint_weights_folder(path: str | Path) -> Path:
     if (folder / "latest_checkpointed_iteration.txt").is_file():
         raise ModelNotFoundError(f"{folder} is a checkpoint_dir (it holds latest_checkpointed_iteration.txt); "
                                  "name one step folder inside it, e.g. " + str(folder / "step_<N>"))
-    weights = (folder / "dcp" / ".metadata").is_file() or (folder / "hf" / "model.safetensors").is_file()
+    weights = any((folder / name).is_file() for name in ("dcp/.metadata", "dist_ckpt/metadata.json",
+                                                          "hf/model.safetensors"))
     if not (folder / "trainer_state.json").is_file() or not weights:
         raise ModelNotFoundError(f"{folder} is not a complete dockyard checkpoint (needs trainer_state.json "
-                                 "and dcp/.metadata, or hf/model.safetensors from a save_state: false run)")
+                                 "and dcp/.metadata (dtensor) or dist_ckpt/metadata.json (megatron), or "
+                                 "hf/model.safetensors from a save_state: false run)")
     return folder
 
 

@@ -97,6 +97,10 @@ def load_model_weights(path: str | Path, model: torch.nn.Module) -> None:
     if adapters_only and not (folder / "hf" / "model.safetensors").is_file():
         raise CheckpointLoadError(f"{folder} holds LoRA adapters only, not the model's weights (a LoRA run with "
                                   "checkpointing.export_hf writes them merged at save time)")
+    megatron = state_file.is_file() and contents(json.loads(state_file.read_text()))["format"] != "dcp"
+    if megatron and not (folder / "hf" / "model.safetensors").is_file():
+        raise CheckpointLoadError(f"{folder} holds a megatron dist checkpoint without an HF export; the dtensor "
+                                  "backend and `dockyard export` read its hf/ folder (checkpointing.export_hf: true)")
     if adapters_only or not (folder / "dcp" / ".metadata").is_file():
         _load_hf_weights(folder / "hf", model)
         return

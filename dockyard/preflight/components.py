@@ -49,9 +49,18 @@ def unsupported(cfg: MasterConfig) -> list[Problem]:
         problems.append(Problem("policy.generation.allow_multimodal_inputs", "the GRPO loop does not train on "
                                 "image inputs yet: its datasets carry no images and the policy's logprobs "
                                 "would ignore them; turn it off"))
-    problems += _distillation(cfg) + _sft(cfg) + _unbuilt_settings(cfg)
+    problems += _distillation(cfg) + _sft(cfg) + _unbuilt_settings(cfg) + _megatron(cfg)
     problems += _agent_setup(cfg) if not problems else []
     return problems
+
+
+def _megatron(cfg: MasterConfig) -> list[Problem]:
+    """What the megatron backend does not build yet, and upstream fields no megatron-core class has."""
+    if cfg.policy.backend != "megatron":
+        return []
+    from dockyard.policy.megatron.settings import unbuilt
+
+    return unbuilt(cfg)
 
 
 def _unbuilt_settings(cfg: MasterConfig) -> list[Problem]:

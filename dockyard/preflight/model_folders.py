@@ -54,6 +54,30 @@ def check_tensor_parallel_plan(path: str, size: int) -> list[Problem]:
     return []
 
 
+def check_megatron_model(cfg) -> list[Problem]:
+    """The megatron converter knows the policy model's family, its heads, MLP and vocabulary split over
+    TP, and megatron-core's config classes accept the forwarded fields' values."""
+    import json
+
+    from dockyard.models import model_folder
+    from dockyard.policy.megatron.convert import DecoderShape
+    from dockyard.policy.megatron.settings import upstream_settings
+    from dockyard.policy.samples import PolicySetupError
+
+    path = cfg.policy.model_name
+    try:
+        folder = model_folder(path)
+        shape = DecoderShape.of(json.loads((folder / "config.json").read_text()), str(folder))
+        shape.check_split(cfg.policy.megatron_cfg.tensor_model_parallel_size, str(folder))
+        upstream_settings(cfg, shape, trainable=True)
+    except PolicySetupError as err:
+        field, _, message = str(err).partition(": ")
+        return [Problem("policy.model_name" if field == "policy.backend megatron" else field, message)]
+    except (OSError, ValueError, KeyError) as err:   # config.json problems are reported by check_model_folder
+        return [Problem("policy.model_name", f"{path}: its config does not describe a decoder: {err}")]
+    return []
+
+
 def check_generation_tensor_parallel(field: str, path: str, size: int, note: str = "") -> list[Problem]:
     """A generation server's tensor-parallel `size` splits the model's attention heads as vLLM and
     SGLang require (heads divisible by it; key/value heads divisible by it, or it by them): refused

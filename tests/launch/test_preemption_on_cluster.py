@@ -136,6 +136,38 @@ def test_preempted_then_requeued_run_ends_bitwise_equal_to_an_uninterrupted_one(
         assert torch.equal(weights[name], uninterrupted[name]), name
 
 
+MEGATRON = ["policy.backend=megatron", "policy.megatron_cfg={tensor_model_parallel_size: 1}",
+            "checkpointing.export_hf=true"]
+
+
+def exported_weights(workdir: Path, step: int) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(workdir / "runs" / "grpo_tiny" / "checkpoints" / f"step_{step}" / "hf" / "model.safetensors"))
+
+
+def test_a_megatron_trainer_preempted_then_requeued_ends_bitwise_equal_to_an_uninterrupted_one(
+        slurm_cluster, tmp_path_factory, tiny_model):
+    """The megatron backend on the het job's trainer component (2 ranks over gloo, megatron's DDP and
+    distributed optimizer): its dist checkpoints carry a preemption and a requeue exactly."""
+    steps = 16
+    straight = tmp_path_factory.mktemp("megatron-uninterrupted")
+    result = run_submit(straight, tiny_model, "--nodes", "3", "--wait", *hold_overrides(straight),
+                        f"grpo.max_num_steps={steps}", "checkpointing.save_period=1000", *MEGATRON, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    workdir = tmp_path_factory.mktemp("megatron-preempted")
+    hold_after(workdir, 4)
+    job = submit(workdir, tiny_model, f"grpo.max_num_steps={steps}", "checkpointing.save_period=1000", *MEGATRON)
+    preempt_then_requeue(job, workdir, 4, 10)
+    log = completed_after_two_resumes(job, workdir, 4, 10, steps, timeout_s=600)
+    assert "megatron trainer mesh: 2 rank(s)" in log
+    assert logged_steps(workdir) == list(range(1, steps + 1))
+    got, want = exported_weights(workdir, steps), exported_weights(straight, steps)
+    assert got.keys() == want.keys()
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+
+
 def test_time_limit_signal_saves_requeues_and_the_run_resumes(slurm_cluster, tmp_path, tiny_model):
     """1-minute limit, USR2 40 s before it. Slurm sends that signal when its periodic check finds the
     job inside the window, which is best effort: on a loaded machine it once came not at all before

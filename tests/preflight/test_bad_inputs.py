@@ -140,11 +140,24 @@ def model_of_a_run_not_trained_yet(tmp, model):
                 f"missing): it is the exported model of the dockyard run 'sft_general' ({tmp}/runs/sft_general)")
 
 
+def megatron_field_no_upstream_class_has(tmp, model):
+    return Case(["policy.backend=megatron", "policy.precision=fp32", "policy.megatron_cfg={overlap_grad_reduc: true}"],
+                "policy.megatron_cfg.overlap_grad_reduc: no field of megatron-core's TransformerConfig, "
+                "DistributedDataParallelConfig, OptimizerConfig has this name")
+
+
+def megatron_field_of_the_wrong_type(tmp, model):
+    return Case(["policy.backend=megatron", "policy.precision=fp32",
+                 "policy.megatron_cfg={recompute_granularity: everything}"],
+                "policy.megatron_cfg: megatron-core's TransformerConfig refused recompute_granularity")
+
+
 CASES = [missing_dataset, broken_jsonl_line, unreadable_parquet, missing_input_column, slice_out_of_range,
          validation_set_missing_labels, generator_that_does_not_build, model_config_not_json, truncated_safetensors,
          sharded_index_missing_a_shard, tokenizer_that_does_not_load, chat_template_that_does_not_render,
          incomplete_resume_step, pointer_to_an_incomplete_step, checkpoint_dir_is_a_file, log_dir_inside_a_file,
-         sft_conversation_without_a_reply, model_of_a_run_not_trained_yet]
+         sft_conversation_without_a_reply, model_of_a_run_not_trained_yet, megatron_field_no_upstream_class_has,
+         megatron_field_of_the_wrong_type]
 
 
 @pytest.fixture

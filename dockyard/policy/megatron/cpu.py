@@ -42,6 +42,19 @@ def use_cpu() -> None:
     _active = True
 
 
+def quiet_megatron() -> None:
+    """megatron logs every parameter and its whole optimizer config at INFO, and warns of its own and
+    torch's deprecations on every save and load; a run's log keeps dockyard's lines and real problems."""
+    import logging
+    import warnings
+
+    logging.getLogger("megatron").setLevel(logging.WARNING)
+    for message in (r"Please use DTensor instead", r".*is deprecated. Please use", r"`load_state_dict` is deprecated",
+                    r"The \.grad attribute of a Tensor that is not a leaf", r".*TorchDistLoadShardedStrategy",
+                    r".*tensor\.detach\(\) first"):
+        warnings.filterwarnings("ignore", message=message)
+
+
 def quiet_import():
     """megatron-core warns at import that transformer-engine and apex are missing (expected here)."""
     import warnings

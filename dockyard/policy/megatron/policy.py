@@ -7,6 +7,7 @@ export go back to the HF names (convert.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -16,13 +17,12 @@ import torch
 import torch.distributed as dist
 
 from dockyard.config.schema import MasterConfig
-from dockyard.config.topology import mesh_line
 from dockyard.distributed import WorldInfo
 from dockyard.io.checkpoint import CheckpointLoadError
 from dockyard.models import model_folder
 from dockyard.policy.base import Policy
 from dockyard.policy.megatron import convert
-from dockyard.policy.megatron.cpu import quiet_import, use_cpu
+from dockyard.policy.megatron.cpu import quiet_import, quiet_megatron, use_cpu
 from dockyard.policy.megatron.settings import unbuilt, upstream_settings
 from dockyard.policy.samples import (PolicySetupError, Sample, TrainingInterrupted, lr_factor, plan_micro_batches)
 from dockyard.policy.tensor_parallel import VocabShard, token_logprobs
@@ -57,6 +57,7 @@ class MegatronPolicy(Policy):
             raise PolicySetupError("; ".join(f"{p.path}: {p.message}" for p in problems))
         if device.type == "cpu":
             use_cpu()
+        quiet_megatron()
         with quiet_import():
             from megatron.core import parallel_state
             from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -73,8 +74,10 @@ class MegatronPolicy(Policy):
             # dropout is off (the trainer's logprobs are the servers' policy): no per-rank RNG streams needed
             initialize_rng_tracker(inference_rng_tracker=True)
             if world.is_main and trainable:
-                print(f"dockyard: megatron {mesh_line(world.world_size, world.world_size // tp, tp, 1)}",
-                      file=sys.stderr, flush=True)
+                optimizer = "distributed optimizer" if policy.megatron_cfg.use_distributed_optimizer else "optimizer"
+                print(f"dockyard: megatron trainer mesh: {world.world_size} rank(s) = {world.world_size // tp} "
+                      f"data-parallel x {tp} tensor-parallel (megatron DDP and its {optimizer} over data-parallel; "
+                      f"each tensor-parallel group is {tp} neighbouring ranks)", file=sys.stderr, flush=True)
         self.tp, self.tp_rank = tp, parallel_state.get_tensor_model_parallel_rank()
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
         self.dp_group = parallel_state.get_data_parallel_group()
@@ -87,11 +90,17 @@ class MegatronPolicy(Policy):
         self.transformer_config = transformer
         spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=self.shape.qk_norm)
         with quiet_import():
-            self.model = GPTModel(config=transformer, transformer_layer_spec=spec, vocab_size=self.shape.vocab,
-                                  max_sequence_length=self.shape.max_positions, position_embedding_type="rope",
-                                  rotary_base=self.shape.rope_theta,
-                                  share_embeddings_and_output_weights=self.shape.tied)
+            self.gpt = GPTModel(config=transformer, transformer_layer_spec=spec, vocab_size=self.shape.vocab,
+                                max_sequence_length=self.shape.max_positions, position_embedding_type="rope",
+                                rotary_base=self.shape.rope_theta, share_embeddings_and_output_weights=self.shape.tied)
         self._load_hf(_hf_weights(self.folder))
+        # bf16 / fp16 as megatron trains them: the model's weights in half precision (logits back in
+        # fp32), the optimizer's fp32 main copies made from them
+        self.model = self.gpt
+        if transformer.bf16 or transformer.fp16:
+            from megatron.core.transformer.module import Float16Module
+
+            self.model = Float16Module(transformer, self.gpt)
         self.temperature = policy.generation.temperature or 1.0
         self.vocab = VocabShard(self.tp_rank * self.shape.vocab // tp, self.shape.vocab // tp, self.tp_group) \
             if tp > 1 else None
@@ -117,19 +126,19 @@ class MegatronPolicy(Policy):
         except KeyError as err:
             raise PolicySetupError(f"{self.folder}: weight {err.args[0]} is missing for a {self.shape.family} "
                                    "model") from None
-        own = {name for name in self.model.state_dict() if not name.endswith("_extra_state")}
+        own = {name for name in self.gpt.state_dict() if not name.endswith("_extra_state")}
         missing, unexpected = sorted(own - set(state)), sorted(set(state) - own)
         if missing or unexpected:
             raise PolicySetupError(f"{self.folder}: the megatron model and the converted weights differ "
                                    f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
         with torch.no_grad():
-            for name, tensor in self.model.state_dict().items():
+            for name, tensor in self.gpt.state_dict().items():
                 if name in state:
                     tensor.copy_(state[name].to(tensor.dtype))
 
     def _gathered_hf(self) -> dict[str, torch.Tensor]:
         """Full HF weights on rank 0 (every rank calls it; the TP groups gather their shards)."""
-        local = {name: t.detach() for name, t in self.model.state_dict().items() if not name.endswith("_extra_state")}
+        local = {name: t.detach() for name, t in self.gpt.state_dict().items() if not name.endswith("_extra_state")}
         if self.tp == 1:
             shards = [local]
         else:
@@ -145,6 +154,10 @@ class MegatronPolicy(Policy):
 
     def serving_weights(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         return {name: tensor.to(dtype) for name, tensor in self._gathered_hf().items()}
+
+    def hf_weights(self) -> dict[str, torch.Tensor]:
+        """For exports: float32 (a bf16 model's weights are its main copies rounded, as megatron keeps them)."""
+        return {name: tensor.float() for name, tensor in self._gathered_hf().items()}
 
     def copy_weights_from(self, other: "MegatronPolicy") -> None:
         with torch.no_grad():
@@ -193,7 +206,6 @@ class MegatronPolicy(Policy):
         allowed = causal[None] & real[:, None, :]
         allowed |= torch.eye(width, dtype=torch.bool)[None]    # a padding row attends to itself
         positions = torch.arange(width)[None].expand(len(samples), width)
-        logits = self.model(ids.to(self.device), positions.to(self.device), (~allowed)[:, None].to(self.device))
         # the response tokens of each row, right-aligned; position p predicts token p + 1
         where_row, where_pos, out_col = [], [], []
         for row, sample in enumerate(samples):
@@ -202,7 +214,9 @@ class MegatronPolicy(Policy):
             where_pos += list(range(sample.prompt_length - 1, len(sample.token_ids) - 1))
             out_col += list(range(responses - n, responses))
         rows, pos = torch.tensor(where_row, dtype=torch.long), torch.tensor(where_pos, dtype=torch.long)
-        picked = logits[rows, pos]
+        with _output_layer_on(self.gpt, pos.to(self.device), rows.to(self.device)):
+            picked = self.model(ids.to(self.device), positions.to(self.device),
+                                (~allowed)[:, None].to(self.device))[0]
         flat, flat_entropy = token_logprobs(picked, ids[rows, pos + 1].to(self.device), self.temperature,
                                             with_entropy, self.vocab)
         where = (rows, torch.tensor(out_col, dtype=torch.long))
@@ -288,6 +302,22 @@ class MegatronPolicy(Policy):
         if self.dp_size > 1:
             dist.all_reduce(total, group=self.dp_group)
         return total
+
+
+@contextlib.contextmanager
+def _output_layer_on(gpt, positions: torch.Tensor, rows: torch.Tensor):
+    """The output layer (the vocabulary projection, most of a small model's compute) runs on the
+    hidden states of the given (position, row) pairs only, as one [n, 1, hidden] batch: GPTModel
+    then returns [1, n, vocab / TP] logits instead of [rows, positions, vocab / TP]."""
+    def select(module, args, kwargs):
+        hidden = args[0]   # [positions, rows, hidden]: megatron is sequence-first
+        return (hidden[positions, rows][:, None], *args[1:]), kwargs
+
+    handle = gpt.output_layer.register_forward_pre_hook(select, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 class MegatronState:
@@ -385,7 +415,7 @@ class MegatronState:
         self.load(folder, {"dcp": True, "optimizer": False})
 
     def hf_weights(self) -> dict[str, torch.Tensor]:
-        return self.policy._gathered_hf()
+        return self.policy.hf_weights()
 
     def scheduler_state(self) -> dict[str, Any]:
         return {"optimizer_steps": self.policy.optimizer_steps}

@@ -41,10 +41,6 @@ def unbuilt(cfg: MasterConfig) -> list[Problem]:
         if value:
             problems.append(Problem(f"policy.megatron_cfg.{name}", f"{what} is not built for the megatron backend "
                                     "yet; use the default"))
-    if m.bf16 or m.fp16 or policy.precision != "fp32":
-        problems.append(Problem("policy.megatron_cfg.bf16" if m.bf16 else "policy.precision",
-                                "the megatron backend trains in fp32 only in this version (its bf16 master-weight "
-                                "path is not wired yet); set policy.precision=fp32 and megatron_cfg bf16/fp16 false"))
     if policy.optimizer.name != "adamw":
         problems.append(Problem("policy.optimizer.name", "the megatron backend trains with AdamW only in this version "
                                 "(megatron's checkpoints of a torch SGD carry no step count); use adamw"))
@@ -108,7 +104,7 @@ def upstream_settings(cfg: MasterConfig, shape, trainable: bool):
             return cls(**{**kwargs, **fields})
         except (TypeError, ValueError, AssertionError) as err:
             names = ", ".join(sorted(fields)) or "its settings"
-            raise PolicySetupError(f"policy.megatron_cfg ({names}): megatron-core's {cls.__name__} refused them: "
+            raise PolicySetupError(f"policy.megatron_cfg: megatron-core's {cls.__name__} refused {names}: "
                                    f"{err}") from None
 
     from dockyard.policy.megatron.cpu import quiet_import
