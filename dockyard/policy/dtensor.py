@@ -20,7 +20,7 @@ from dockyard.distributed import WorldInfo
 from dockyard.models import DTYPES, load_causal_lm
 from dockyard.policy.context_parallel import ContextParallelError, SequenceShards, use_context_parallel_attention
 from dockyard.policy.samples import (PolicySetupError, Sample, TrainingInterrupted, lr_factor,
-                                     plan_micro_batches, plan_shared_prompt_rows)
+                                     plan_micro_batches, plan_shared_prompt_rows, same_count_on_every_rank)
 from dockyard.io.checkpoint import TorchModuleState, load_model_weights
 from dockyard.policy.base import Policy
 from dockyard.policy.training import micro_batch_loss
@@ -145,10 +145,7 @@ class DTensorPolicy(Policy):
         else:
             batches = plan_micro_batches([len(s.token_ids) for s in samples], micro_size,
                                          budget.max_tokens_per_gpu if budget.enabled else None)
-        count = torch.tensor([len(batches)], dtype=torch.long)
-        if self.world.world_size > 1:
-            dist.all_reduce(count, op=dist.ReduceOp.MAX)
-        return batches + [[] for _ in range(int(count) - len(batches))]
+        return same_count_on_every_rank(batches)
 
     def _forward_logprobs(self, samples: list[Sample], with_entropy: bool):
         """Logprobs (and entropy) of each sample's response tokens, as [B, R] right-aligned rows.

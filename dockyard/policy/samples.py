@@ -94,3 +94,14 @@ class PolicySetupError(DockyardError, ValueError):
 
 class TrainingInterrupted(Exception):
     """A mini-batch ended before its optimizer step (a stop was agreed); nothing was changed."""
+
+
+def same_count_on_every_rank(batches: list[list[int]]) -> list[list[int]]:
+    """`batches` padded with empty micro-batches to the most any rank has: each forward is a collective
+    (FSDP's gathers, TP's reductions), so every rank runs as many."""
+    import torch.distributed as dist
+
+    count = torch.tensor([len(batches)], dtype=torch.long)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    return batches + [[] for _ in range(int(count) - len(batches))]

@@ -5,40 +5,20 @@ weights under the HF names, an exact resume from its dist checkpoint and a refer
 (also into another TP layout), and bad input refused by name. Each world is a set of worker
 processes (backend_worker.py): megatron's parallel state is per process."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from dockyard.distributed import free_port
 from dockyard.policy.megatron import convert
-from tests.conftest import REPO
+from tests.policy.worlds import launch_world
 
 WORKER = Path(__file__).with_name("backend_worker.py")
 pytest.importorskip("megatron.core")
 
 
 def launch(world: int, out: Path, *args: str, timeout: int = 300) -> dict:
-    port = free_port()
-    processes = []
-    for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), PYTHONPATH=str(REPO))
-        processes.append(subprocess.Popen([sys.executable, str(WORKER), "--out", str(out), *args], env=env, cwd=REPO,
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outputs = []
-    for process in processes:
-        try:
-            outputs.append(process.communicate(timeout=timeout)[0])
-        except subprocess.TimeoutExpired:
-            for other in processes:
-                other.kill()
-            raise
-    failed = [(rank, p.returncode) for rank, p in enumerate(processes) if p.returncode]
-    assert not failed, f"ranks failed {failed}:\n" + "\n".join(out[-3000:] for out in outputs)
+    launch_world(world, [str(WORKER), "--out", str(out), *args], timeout)
     return torch.load(out, weights_only=False)
 
 

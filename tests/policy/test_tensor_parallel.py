@@ -6,39 +6,19 @@ CP 2 x DP 2 world also recomputes activations (activation checkpointing re-gathe
 A TP 2 checkpoint resumes on one rank; a model whose heads do not split is refused by name before
 the run."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from dockyard.distributed import free_port
-from tests.conftest import REPO, run_cli
+from tests.conftest import run_cli
+from tests.policy.worlds import launch_world
 
 WORKER = Path(__file__).with_name("parallel_worker.py")
 
 
 def launch(world: int, tp: int, *args: str, timeout: int = 300) -> None:
-    """`world` worker processes forming one gloo world (as torchrun would start them)."""
-    port = free_port()
-    processes = []
-    for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        processes.append(subprocess.Popen([sys.executable, str(WORKER), "--tp", str(tp), *args], env=env, cwd=REPO,
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outputs = []
-    for process in processes:
-        try:
-            outputs.append(process.communicate(timeout=timeout)[0])
-        except subprocess.TimeoutExpired:
-            for other in processes:
-                other.kill()
-            raise
-    failed = [(rank, p.returncode) for rank, p in enumerate(processes) if p.returncode]
-    assert not failed, f"ranks failed {failed}:\n" + "\n".join(out[-3000:] for out in outputs)
+    launch_world(world, [str(WORKER), "--tp", str(tp), *args], timeout)
 
 
 @pytest.fixture(scope="module")

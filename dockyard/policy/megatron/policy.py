@@ -24,7 +24,8 @@ from dockyard.policy.base import Policy
 from dockyard.policy.megatron import convert
 from dockyard.policy.megatron.cpu import quiet_import, quiet_megatron, use_cpu
 from dockyard.policy.megatron.settings import unbuilt, upstream_settings
-from dockyard.policy.samples import (PolicySetupError, Sample, TrainingInterrupted, lr_factor, plan_micro_batches)
+from dockyard.policy.samples import (PolicySetupError, Sample, TrainingInterrupted, lr_factor, plan_micro_batches,
+                                     same_count_on_every_rank)
 from dockyard.policy.tensor_parallel import VocabShard, token_logprobs
 from dockyard.policy.training import micro_batch_loss
 
@@ -229,10 +230,7 @@ class MegatronPolicy(Policy):
         budget = self.config.policy.dynamic_batching
         batches = plan_micro_batches([len(s.token_ids) for s in samples], micro_size,
                                      budget.max_tokens_per_gpu if budget.enabled else None)
-        count = torch.tensor([len(batches)], dtype=torch.long)
-        if self.world.world_size > 1:
-            dist.all_reduce(count, op=dist.ReduceOp.MAX)
-        return batches + [[] for _ in range(int(count) - len(batches))]
+        return same_count_on_every_rank(batches)
 
     @torch.no_grad()
     def logprobs(self, samples: list[Sample]) -> list[torch.Tensor]:
