@@ -103,7 +103,7 @@ _DECLARED = {
     },
     "policy_backend": {
         "dtensor": "HF transformers model sharded with FSDP2 (fully_shard) over torch.distributed",
-        "megatron": "megatron-core GPTModel with TP/PP/CP/EP parallelism",
+        "megatron": "megatron-core GPTModel from the HF folder: TP, megatron DDP + distributed optimizer, dist checkpoints (PP/CP/EP not yet)",
         "jax": "Flax NNX trainer on JAX",
     },
     "sandbox": {
