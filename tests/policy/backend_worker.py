@@ -33,8 +33,15 @@ def load_elsewhere(args, world, cfg, build) -> None:
         resumed = "resumed"
     except CheckpointLoadError as err:
         resumed = str(err)
+    truncated = None
+    if args.truncated:
+        try:
+            build(trainable=False).load_weights(args.truncated)
+            truncated = "loaded"
+        except CheckpointLoadError as err:
+            truncated = str(err)
     if world.is_main:
-        torch.save({"reference": logprobs, "resumed": resumed}, args.out)
+        torch.save({"reference": logprobs, "resumed": resumed, "truncated": truncated}, args.out)
     dist.barrier()
     dist.destroy_process_group()
     os._exit(0)
@@ -48,6 +55,7 @@ def main() -> None:
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--set", action="append", default=[])
     parser.add_argument("--load", help="instead: a step saved by another layout, loaded as a reference and resumed")
+    parser.add_argument("--truncated", help="with --load: a copy of a step with a cut checkpoint file, loaded too")
     args = parser.parse_args()
     torch.set_num_threads(1)
     world = init_trainer_world(torch.device("cpu"), timeout_s=120, model_parallel_size=args.tp)

@@ -5,6 +5,7 @@ weights under the HF names, an exact resume from its dist checkpoint and a refer
 (also into another TP layout), and bad input refused by name. Each world is a set of worker
 processes (backend_worker.py): megatron's parallel state is per process."""
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -37,8 +38,11 @@ def runs(tiny_model, tiny_tied_model, tiny_qwen3_model, tmp_path_factory):
     results[("megatron-dp2", "llama")] = launch(2, root / "dp2-llama.pt", "--backend", "megatron",
                                                 "--model", str(tiny_model))
     step = root / "tp2-llama.pt.checkpoints" / "step_1"
+    cut = Path(shutil.copytree(step, root / "cut" / "step_1"))
+    shard = max((cut / "dist_ckpt").glob("*.distcp"), key=lambda p: p.stat().st_size)
+    shard.write_bytes(shard.read_bytes()[:shard.stat().st_size // 2])
     results["elsewhere"] = launch(1, root / "elsewhere.pt", "--backend", "megatron", "--model", str(tiny_model),
-                                  "--load", str(step))
+                                  "--load", str(step), "--truncated", str(cut))
     return results
 
 
@@ -72,6 +76,7 @@ def test_every_backend_resumes_exactly_and_loads_a_reference_from_its_checkpoint
 
 def test_a_tp2_checkpoint_loads_as_a_reference_on_one_rank_and_its_optimizer_is_refused_by_name(runs):
     elsewhere, source = runs["elsewhere"], runs[("megatron-tp2", "llama")]
+    assert "cut/step_1/dist_ckpt cannot be loaded into this model" in elsewhere["truncated"]
     assert max_diff(elsewhere["reference"], source["after_one"]) <= 1e-5
     assert "'tensor_model_parallel_size': 2" in elsewhere["resumed"]
     assert "loads only into the same tensor-parallel and data-parallel layout" in elsewhere["resumed"]

@@ -357,6 +357,7 @@ class MegatronState:
 
     def load(self, folder: Path, held: dict[str, Any]) -> None:
         from megatron.core import dist_checkpointing
+        from torch.distributed.checkpoint.api import CheckpointException
 
         if not held["dcp"]:
             self.policy._load_hf(_hf_weights(folder / "hf"))
@@ -373,9 +374,10 @@ class MegatronState:
             self._fill_empty_optimizer_state()
         try:
             loaded = dist_checkpointing.load(self._sharded(with_optimizer, loading=True), str(folder / "dist_ckpt"))
-        except Exception as err:   # megatron's CheckpointingException and the readers' errors, with the file named
+        except (Exception, CheckpointException) as err:   # megatron's, and DCP's per-rank BaseExceptions
+            lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
             raise CheckpointLoadError(f"{folder / 'dist_ckpt'} cannot be loaded into this model: "
-                                      f"{str(err).strip().splitlines()[-1][:600] if str(err).strip() else err}") from None
+                                      f"{lines[-1][:600] if lines else type(err).__name__}") from None
         self.policy.model.load_state_dict(loaded["model"], strict=False)
         if with_optimizer:
             with torch.no_grad():   # the fp32 parameters are the optimizer's own main copies
