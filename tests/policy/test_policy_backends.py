@@ -116,7 +116,9 @@ def test_bad_megatron_input_is_refused_by_name_before_training(tiny_model, tmp_p
             "+policy.megatron_cfg.tensor_model_parallel_size=1"]
     problems = {p.path: p.message for p in unbuilt(load_config("grpo_tiny.yaml", base + [
         "+policy.megatron_cfg.pipeline_model_parallel_size=2", "+policy.megatron_cfg.no_such_field=3",
-        "+policy.megatron_cfg.hidden_size=64"]).config)}
+        "+policy.megatron_cfg.hidden_size=64",
+        "policy.dtensor_cfg.tensor_parallel_size=2"]).config)}
+    assert "which the megatron backend does not read" in problems["policy.dtensor_cfg.tensor_parallel_size"]
     assert "pipeline parallelism is not built" in problems["policy.megatron_cfg.pipeline_model_parallel_size"]
     assert "TransformerConfig" in problems["policy.megatron_cfg.no_such_field"]
     assert "set by dockyard from the model folder" in problems["policy.megatron_cfg.hidden_size"]

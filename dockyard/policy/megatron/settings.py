@@ -36,6 +36,7 @@ def unbuilt(cfg: MasterConfig) -> list[Problem]:
              "virtual pipeline stages"),
             ("context_parallel_size", m.context_parallel_size > 1, "context parallelism"),
             ("expert_model_parallel_size", m.expert_model_parallel_size > 1, "expert parallelism (MoE models)"),
+            ("expert_tensor_parallel_size", m.expert_tensor_parallel_size is not None, "expert tensor parallelism"),
             ("fp8", m.fp8 is not None, "FP8 training (transformer-engine, GPUs)"),
             ("optimizer_cpu_offload", m.optimizer_cpu_offload, "optimizer CPU offload")):
         if value:
@@ -49,9 +50,12 @@ def unbuilt(cfg: MasterConfig) -> list[Problem]:
     if policy.dynamic_batching.enabled and policy.dynamic_batching.share_prompts:
         problems.append(Problem("policy.dynamic_batching.share_prompts", "shared-prompt rows are not built for the "
                                 "megatron backend; turn it off"))
-    if cfg.policy.dtensor_cfg.activation_checkpointing:
-        problems.append(Problem("policy.dtensor_cfg.activation_checkpointing", "a dtensor setting; the megatron "
-                                "backend reads megatron_cfg (recompute_granularity) instead"))
+    dtensor = cfg.policy.dtensor_cfg
+    for name, spec in type(dtensor).model_fields.items():
+        if getattr(dtensor, name) != spec.default:
+            problems.append(Problem(f"policy.dtensor_cfg.{name}", "a dtensor setting, which the megatron backend does "
+                                    "not read; set its megatron_cfg counterpart (e.g. tensor_model_parallel_size, "
+                                    "recompute_granularity) instead"))
     problems += [Problem(f"policy.megatron_cfg.{name}", message) for name, message in _unknown_fields(cfg)]
     return problems
 
