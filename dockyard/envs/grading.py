@@ -196,14 +196,17 @@ PASSING = {"passed", "xfailed", "xpassed", "skipped"}
 
 
 def foreign_plugins(records: list[PytestRecord], writable: list[str], allowed: list[str],
-                    unchanged: Callable[[str], bool] = lambda path: False) -> list[str]:
-    """Plugin, conftest.py or configuration files pytest used from where the agent could write, or
-    conftest.py files outside the folders the task's own tests are in (`allowed`); a file the task
-    itself placed there and the agent left as it was (`unchanged`) is the task's own."""
+                    unchanged: Callable[[str], bool] = lambda path: False,
+                    wrote: Callable[[str], bool] = lambda path: False) -> list[str]:
+    """Plugin, conftest.py or configuration files pytest used from where the agent could write (its
+    folders, or with root inside any file it wrote: `wrote`), or conftest.py files outside the folders
+    the task's own tests are in (`allowed`); a file the task itself placed there and the agent left as
+    it was (`unchanged`) is the task's own."""
     found = set()
     for record in records:
         for path in record.plugins + ([record.inifile] if record.inifile else []):
-            if (_within(path, writable) or (os.path.basename(path) == "conftest.py" and not _within(path, allowed))) \
+            if (_within(path, writable) or wrote(path)
+                    or (os.path.basename(path) == "conftest.py" and not _within(path, allowed))) \
                     and not unchanged(path):
                 found.add(path)
     return sorted(found)
@@ -211,7 +214,8 @@ def foreign_plugins(records: list[PytestRecord], writable: list[str], allowed: l
 
 def pytest_grade(records: list[PytestRecord], problems: list[str], output_has_results: bool,
                  writable: list[str], allowed_conftests: list[str],
-                 unchanged: Callable[[str], bool] = lambda path: False) -> tuple[bool, str, str | None]:
+                 unchanged: Callable[[str], bool] = lambda path: False,
+                 wrote: Callable[[str], bool] = lambda path: False) -> tuple[bool, str, str | None]:
     """(resolved, why, verifier error): resolved when pytest's own record lists tests, none failed,
     and its exit status agrees."""
     if problems:
@@ -221,7 +225,7 @@ def pytest_grade(records: list[PytestRecord], problems: list[str], output_has_re
         if output_has_results:   # a summary on stdout without a session behind it
             return False, why, why + ", yet the output shows pytest results: they are not trusted"
         return False, why, None
-    foreign = foreign_plugins(records, writable, allowed_conftests, unchanged)
+    foreign = foreign_plugins(records, writable, allowed_conftests, unchanged, wrote)
     if foreign:
         error = f"pytest used a plugin, conftest.py or configuration file the agent could have written: " \
                 f"{', '.join(foreign[:5])}"
@@ -322,7 +326,7 @@ def shadowing_files(sandbox: Sandbox, placed: dict[str, str], limit: int = 50) -
         for folder, name, info in host_paths.walk(host):
             path = os.path.join(folder, name)
             is_dir, regular = stat.S_ISDIR(info.st_mode), stat.S_ISREG(info.st_mode)
-            plugin = name == "entry_points.txt" and regular and _declares_pytest_plugin(path)
+            plugin = name == "entry_points.txt" and regular and declares_pytest_plugin(path)
             if not plugin and not shadows_test_machinery(name, is_dir, regular and bool(info.st_mode & 0o111)):
                 continue
             shown = os.path.normpath(os.path.join(inside, os.path.relpath(path, host)))
@@ -383,7 +387,7 @@ def _shadowing_inside(sandbox: Sandbox, placed: dict[str, str], limit: int) -> l
                    not (line.endswith("/conftest.py") and placed.get(line) == hashes.get(line))})
 
 
-def _declares_pytest_plugin(path: str) -> bool:
+def declares_pytest_plugin(path: str) -> bool:
     """An installed distribution's entry_points.txt that registers a pytest plugin (autoloaded)."""
     try:
         with open(path, "rb") as data:

@@ -22,9 +22,10 @@ from typing import Callable
 
 import yaml
 
-from dockyard.envs.grading import (Grade, copied_unchanged, foreign_plugins, harness_failure, new_plugin_name, pytest_grade, read_records,
+from dockyard.envs.grading import (Grade, copied_unchanged, declares_pytest_plugin, foreign_plugins, harness_failure, new_plugin_name, pytest_grade, read_records,
                                    reward_file,
                                    shadowing_files, task_placed, unchanged_check, verifier_env, verifier_files)
+from dockyard.envs.system_integrity import harness_view
 from dockyard.envs.terminal_tasks import TerminalTask
 from dockyard.sandboxes.base import Sandbox, SandboxError, SandboxSpec
 from dockyard.sandboxes.images import TaskImage
@@ -133,15 +134,31 @@ def regrade_sandbox(task: TerminalTask, used: Sandbox, make_sandbox: Callable[[S
     return fresh
 
 
+def system_for_tests(sandbox: Sandbox, suspicious: list[str]) -> tuple[Callable[[str], bool], list[str]]:
+    """With root inside: the tests' tools get their image version back and what would stand in for them
+    is left out (system_integrity.py); then which paths the agent wrote, and the notes. Without: nothing
+    outside the agent's folders was the agent's."""
+    changes = sandbox.system_changes()
+    if changes is None:
+        return (lambda path: False), []
+    view = harness_view(changes, changes.image_has, lambda path: declares_pytest_plugin(str(changes.agent_file(path))))
+    sandbox.revert_system(view.reverted())
+    suspicious.extend(view.suspicious)
+    after = sandbox.system_changes()
+    return after.wrote, view.notes
+
+
 def verify(task: TerminalTask, sandbox: Sandbox) -> Grade:
     """The task's tests on what the agent left in `sandbox` (handed over to the verifier here)."""
     sandbox.hand_over()
     placed = task_placed(task.setup.copies)
     suspicious = shadowing_files(sandbox, placed)
     unchanged = unchanged_check(sandbox, placed)
+    wrote, system_notes = system_for_tests(sandbox, suspicious)
     plugin = new_plugin_name()
     env, notes = verifier_env(sandbox, dict(sandbox.spec.env), ["/tests"], safe_path=True, plugin_autoload=True,
                               plugin=plugin)
+    notes = system_notes + notes
     env.update(sandbox.network_env())   # this machine's proxies and CA bundle, where the tests have a network
     with tempfile.TemporaryDirectory() as scratch:
         sandbox.place([(source, target, True) for source, target in task.tests] + verifier_files(Path(scratch), plugin))
@@ -165,14 +182,14 @@ def verify(task: TerminalTask, sandbox: Sandbox) -> Grade:
         reward, why, error = reward_file(sandbox, *task.reward_range)
         if not records and not why.startswith("the tests wrote no"):
             tests_ran = "reward file"
-        foreign = foreign_plugins(records, writable, ["/tests"], trusted)
+        foreign = foreign_plugins(records, writable, ["/tests"], trusted, wrote)
         if foreign and not error:   # the reward came from tests an agent's plugin could have rewritten
             why = error = ("pytest used a plugin, conftest.py or configuration file the agent could have written: "
                            f"{', '.join(foreign[:5])}")
             reward = 0.0
     else:
         resolved, why, error = pytest_grade(records, problems, bool(_PYTEST_RESULT.search(output)), writable,
-                                            ["/tests"], trusted)
+                                            ["/tests"], trusted, wrote)
         reward = 1.0 if resolved else 0.0
     if not records:   # the harness may have died before its tests: say where, as its output does
         failure = harness_failure(output)

@@ -206,6 +206,14 @@ class Sandbox(abc.ABC):
         (the grader walks them there instead of running a command inside)."""
         return {}
 
+    def system_changes(self):
+        """With root inside (user_namespaces.py): what the agent changed, added or removed in the image's
+        root (a SystemChanges); None where the agent could write only its folders."""
+        return None
+
+    def revert_system(self, paths: list[str]) -> None:
+        """With root inside, after hand_over: these paths get their image state back for the tests."""
+
     def _teardown(self) -> None:
         pass
 

@@ -43,6 +43,10 @@ def _pid_namespace(info_fd: int, timeout_s: float = 30.0) -> str | None:
 
 
 IMAGE_SKIPPED = {"/dev", "/proc", "/sys", "/tmp"}   # made fresh for every command
+# root inside gets the capabilities a container's root has by default (Docker's and podman's set, less
+# raw sockets and audit): within its own user namespace, over ids of its own block only
+CONTAINER_CAPS = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_SETGID", "CAP_SETUID",
+                  "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_MKNOD", "CAP_SETFCAP")
 
 
 class BubblewrapSandbox(HostFolderSandbox):
@@ -62,10 +66,19 @@ class BubblewrapSandbox(HostFolderSandbox):
 
     def wrap(self, argv: list[str], env: dict[str, str], cwd: str | None = None, info_fd: int | None = None) -> list[str]:
         mb = 1024 * 1024
-        bwrap = ["bwrap", "--unshare-all", *(["--share-net"] if self.network else []), "--die-with-parent",
-                 "--new-session", "--cap-drop", "ALL", "--clearenv",
+        if self.image_root is not None:   # root of the sandbox's own user namespace, entered by the prefix
+            namespaces = ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try",
+                          *([] if self.network else ["--unshare-net"])]
+            caps = ["--cap-drop", "ALL", *[arg for cap in CONTAINER_CAPS for arg in ("--cap-add", cap)]]
+        else:
+            namespaces = ["--unshare-all", *(["--share-net"] if self.network else [])]
+            caps = ["--cap-drop", "ALL"]
+        bwrap = ["bwrap", *namespaces, "--die-with-parent", "--new-session", *caps, "--clearenv",
                  *(["--info-fd", str(info_fd)] if info_fd is not None else [])]
-        bwrap += self._image_root() if self.spec.rootfs else self._host_view()
+        if self.image_root is not None:
+            bwrap += ["--bind", str(self.image_root.merged), "/"]
+        else:
+            bwrap += self._image_root() if self.spec.rootfs else self._host_view()
         for inside, host in self.user_files.items():
             bwrap += ["--ro-bind", str(host), inside]
         if self.network:
@@ -76,7 +89,9 @@ class BubblewrapSandbox(HostFolderSandbox):
                   "--proc", "/proc", "--size", str(self.limits.tmp_mb * mb), "--tmpfs", "/tmp"]
         for inside, host in sorted(self.mounts.items()):
             bwrap += ["--bind" if self.writable_mount(inside) else "--ro-bind", str(host), inside]
-        bwrap += ["--remount-ro", "/", "--chdir", cwd or self.workdir]
+        if self.image_root is None:
+            bwrap += ["--remount-ro", "/"]
+        bwrap += ["--chdir", cwd or self.workdir]
         for key, value in env.items():
             bwrap += ["--setenv", key, value]
         return [*self.user_and_limits(), *bwrap, "--", *argv]

@@ -19,6 +19,7 @@ from dockyard.config.schema.env import SandboxConfig
 from dockyard.sandboxes.base import Sandbox, SandboxError, SandboxLimits, SandboxSpec
 from dockyard.sandboxes.images import ImageBuilder, TaskImage
 from dockyard.sandboxes.reaping import reap_once
+from dockyard.sandboxes.user_namespaces import agent_user_problem
 from dockyard.sandboxes.users import uid_range_problem
 
 IMAGE_RUNNERS = ("podman", "bubblewrap")
@@ -51,7 +52,8 @@ class SandboxFactory:
             raise SandboxError(f"env.sandbox.type: sandbox {config.type!r} is not available in this version "
                                "(see `dockyard list sandbox`)")
         self.backend = entry.factory
-        problem = getattr(self.backend, "refuses", lambda cfg: None)(config) or uid_range_problem(config)
+        problem = getattr(self.backend, "refuses", lambda cfg: None)(config) or uid_range_problem(config) \
+            or agent_user_problem(config)
         if problem:
             raise SandboxError(problem)
         self._slots = threading.BoundedSemaphore(config.max_concurrent)

@@ -34,7 +34,9 @@ from dockyard.sandboxes.base import HOST_CA_BUNDLE, Sandbox, SandboxError, Sandb
 from dockyard.sandboxes.cgroups import SandboxCgroup
 from dockyard.sandboxes.network import UserNetwork
 from dockyard.sandboxes.owners import owner_token
-from dockyard.sandboxes.processes import any_of, end_processes, in_pid_namespaces, of_user
+from dockyard.sandboxes.processes import any_of, end_processes, in_pid_namespaces, of_uid_range, of_user
+from dockyard.sandboxes.user_namespaces import BLOCK, ImageRoot, SystemChanges, UidBlockLease, UserNamespace, \
+    root_inside, root_uid_range
 from dockyard.sandboxes.users import UidLease, uid_range, with_user_entries
 
 FOLDER_PREFIX = "dockyard-sandbox-"
@@ -96,19 +98,31 @@ class HostFolderSandbox(Sandbox):
         self.verifier_owned: set[str] = set()      # read-only mounts handed to the verifier to write (/tests)
         self.user_files: dict[str, Path] = {}      # /etc/passwd, /etc/group with the sandbox's users (as root)
         self.agent_folders: list[str] | None = None   # what the agent could write, fixed at the hand-over
+        self.root_inside = as_root and root_inside(config, spec.rootfs is not None)
+        self.namespace: UserNamespace | None = None
+        self.image_root: ImageRoot | None = None   # the image's root, writable by root inside (root_inside)
         try:
             if as_root:
                 mount_tmpfs(self.host_root, limits)
                 self.mounted = True
             self.host_root.chmod(0o711)   # the sandbox's user may pass through to its own folders, not list them
-            self.lease = UidLease(*self.uids) if as_root else None
+            if self.root_inside:   # user_namespaces.py: root inside is the block's first id outside
+                if spec.rootfs is None:
+                    raise SandboxError(f"{spec.name}: env.sandbox.agent_user root needs the task's built image "
+                                       "(env.sandbox.task_images: build)")
+                self.lease = UidBlockLease(*root_uid_range(config))
+                self.namespace = UserNamespace(self.lease.uid)
+            else:
+                self.lease = UidLease(*self.uids) if as_root else None
             self.uid = self.lease.uid if self.lease else os.geteuid()
             self.gid = self.uid if self.lease else os.getegid()
             if as_root:
                 self.cgroup = SandboxCgroup.create(self.host_root.name, limits.sandbox_memory_mb * 1024 * 1024)
             if spec.network:
                 self.network = UserNetwork(spec.name)
-            if self.lease:
+            if self.root_inside:
+                self.image_root = ImageRoot(spec.rootfs, self.host_root, self.namespace)
+            elif self.lease:
                 self._write_user_files()
             workspace = self._mount(self.workdir)
             if spec.rootfs is not None:   # a built image's files at the working directory are the agent's
@@ -224,14 +238,16 @@ class HostFolderSandbox(Sandbox):
         the caps alike."""
         prefix = [*(self.cgroup.join_prefix() if self.cgroup else []),
                   *(self.network.enter_prefix() if self.network else [])]
-        if self.lease:
+        if self.namespace:
+            prefix += self.namespace.enter_prefix()
+        elif self.lease:
             prefix += ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--"]
         return [*prefix, "prlimit", *self.limits.prlimit(), "--"]
 
     def end_processes(self) -> None:
         """As root: every process of the sandbox's users; either way: every process in the pid
         namespaces its commands ran in."""
-        selectors = [of_user(*[lease.uid for lease in (self.lease, self.verifier_lease) if lease is not None])]
+        selectors = [self._own_ids()]
         if self._namespaces:
             selectors.append(in_pid_namespaces(set(self._namespaces.values())))
         end_processes(any_of(*selectors), f"{self.spec.name} ({self.kind} sandbox)")
@@ -246,7 +262,13 @@ class HostFolderSandbox(Sandbox):
         if namespace and (killed or shell):
             end_processes(in_pid_namespaces({namespace}), f"{self.spec.name} ({self.kind} sandbox)")
         if shell and not killed and self.lease and not self.live_shells():
-            end_processes(of_user(self.uid), f"{self.spec.name} ({self.kind} sandbox)")
+            end_processes(self._own_ids(), f"{self.spec.name} ({self.kind} sandbox)")
+
+    def _own_ids(self):
+        """The processes of the sandbox's users: its leased ids, or its whole block with root inside."""
+        if self.root_inside and self.lease:
+            return of_uid_range(self.lease.uid, self.lease.uid + BLOCK - 1)
+        return of_user(*[lease.uid for lease in (self.lease, self.verifier_lease) if lease is not None])
 
     def _become_verifier(self) -> None:
         self.agent_folders = self.agent_writable()
@@ -256,6 +278,8 @@ class HostFolderSandbox(Sandbox):
             return   # a normal user has no second user id to give the verifier (docs/agents.md)
         if self.spec.verifier_network and self.network is None and self.network_at_hand_over:
             self.network = UserNetwork(self.spec.name)   # the tests' network, never the agent's
+        if self.root_inside:
+            return   # the tests run as root inside too (as Harbor's); every process of the agent's ids is gone
         self.verifier_lease = UidLease(*self.uids)
         self.uid = self.gid = self.verifier_lease.uid
         self._write_user_files()
@@ -263,9 +287,35 @@ class HostFolderSandbox(Sandbox):
             if mount not in self.read_only:
                 host_paths.chown_tree(host, (self.uid, self.gid))
 
+    # --- root inside: the image's root and what the agent changed in it ------------------------
+
+    def system_changes(self) -> SystemChanges | None:
+        """As the base; the sandbox's own mount points (made by bubblewrap in the overlay) are not changes."""
+        if self.image_root is None:
+            return None
+        changes = self.image_root.changes()
+        own = {*self.mounts, *self.user_files, "/dev", "/proc", "/tmp", "/etc/resolv.conf", HOST_CA_BUNDLE}
+
+        def mount_point(change) -> bool:
+            if change.kind != "added":
+                return False
+            if change.is_dir:
+                return any(m == change.path or m.startswith(change.path.rstrip("/") + "/") for m in own)
+            return change.path in own and os.lstat(changes.agent_file(change.path)).st_size == 0
+        changes.changes = [c for c in changes.changes if not mount_point(c)]
+        return changes
+
+    def revert_system(self, paths: list[str]) -> None:
+        if self.image_root and paths:
+            self.image_root.revert(paths)
+
     def _teardown(self) -> None:
         if self.network is not None:
             self.network.close()
+        if self.image_root is not None:
+            self.image_root.close()
+        if self.namespace is not None:
+            self.namespace.close()
         if self.mounted:
             unmount(self.host_root)
         shutil.rmtree(self.host_root, ignore_errors=True)

@@ -46,6 +46,14 @@ def of_user(*uids: int) -> Selector:
     return select
 
 
+def of_uid_range(first: int, last: int) -> Selector:
+    """Processes with a real, effective, saved or filesystem user id in [first, last] (a sandbox whose
+    user namespace maps a block of ids)."""
+    def select(pid: str) -> bool:
+        return any(first <= int(uid) <= last for uid in _field(_status(pid), b"Uid").split())
+    return select
+
+
 def any_of(*selectors: Selector) -> Selector:
     """Processes any of the selectors picks (one scan of /proc instead of one each)."""
     def select(pid: str) -> bool:

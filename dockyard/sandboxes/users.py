@@ -51,9 +51,19 @@ def uid_range_problem(config) -> str | None:
     if last - first + 1 < needed:
         return (f"env.sandbox.uid_range: [{first}, {last}] holds {last - first + 1} ids; {needed} are needed "
                 f"(two per sandbox alive at once, env.sandbox.max_concurrent={needed // 2})")
+    taken = ids_in_use(first, last)
+    if taken:
+        return (f"env.sandbox.uid_range: [{first}, {last}] overlaps ids this machine uses: "
+                f"{', '.join(sorted(set(taken))[:5])}; choose a range nobody has")
+    return None
+
+
+def ids_in_use(first: int, last: int) -> list[str]:
+    """Users, groups and /etc/subuid / subgid ranges of this machine with an id in [first, last]."""
     taken = [f"user {u.pw_name} ({u.pw_uid})" for u in pwd.getpwall() if first <= u.pw_uid <= last]
     taken += [f"group {g.gr_name} ({g.gr_gid})" for g in grp.getgrall() if first <= g.gr_gid <= last]
-    for uid in range(first, last + 1, 256):   # directories that do not enumerate (LDAP) answer lookups
+    # directories that do not enumerate (LDAP) answer lookups
+    for uid in range(first, last + 1, 256 if last - first < 1 << 16 else 65536):
         try:
             taken.append(f"user {pwd.getpwuid(uid).pw_name} ({uid})")
         except KeyError:
@@ -61,10 +71,7 @@ def uid_range_problem(config) -> str | None:
     for path in (Path("/etc/subuid"), Path("/etc/subgid")):
         taken += [f"{path} range of {owner} ({start}-{end})" for owner, start, end in _sub_ranges(path)
                   if start <= last and end >= first]
-    if taken:
-        return (f"env.sandbox.uid_range: [{first}, {last}] overlaps ids this machine uses: "
-                f"{', '.join(sorted(set(taken))[:5])}; choose a range nobody has")
-    return None
+    return sorted(set(taken))
 
 
 class UidLease:

@@ -30,6 +30,16 @@ class SandboxConfig(OpenSection):
                                        "is root: two per live sandbox (the agent's, the verifier's); none may belong "
                                        "to a user, a group or a subuid range of this machine (checked before "
                                        "anything starts).")
+    agent_user: Literal["auto", "root", "sandbox"] = field(
+        "auto", "Who the agent (and a task's solution) runs as: root (uid 0 inside the sandbox's own user "
+        "namespace, an unprivileged block of ids outside, the image's root folder writable through an overlay "
+        "whose changes the verifier reads; as in Terminal-Bench and Harbor containers), sandbox (an "
+        "unprivileged user of the sandbox's own), or auto (root on a task's built image when dockyard is root, "
+        "else sandbox). docs/agents.md, root inside the sandbox.")
+    root_uid_range: tuple[int, int] = field((1_000_000_000, 1_004_194_303), "Host user ids (first, last) for "
+                                            "sandboxes whose agent is root: a block of 65536 per live sandbox; "
+                                            "none may belong to a user, a group or a subuid range of this "
+                                            "machine (checked before anything starts).")
     task_images: Literal["host", "build"] = field(
         "host", "Terminal tasks' Dockerfiles: build (each built into an image with podman, cached, and the sandbox "
         "runs on it: RUN lines take effect in podman and bubblewrap) or host (no build: WORKDIR, COPY and ENV "
