@@ -21,6 +21,7 @@ import subprocess
 
 from dockyard.sandboxes.base import HOST_CA_BUNDLE
 from dockyard.sandboxes.host_folders import HostFolderSandbox
+from dockyard.sandboxes.user_namespaces import CONTAINER_CAPS
 
 
 def bwrap_path() -> str | None:
@@ -43,10 +44,6 @@ def _pid_namespace(info_fd: int, timeout_s: float = 30.0) -> str | None:
 
 
 IMAGE_SKIPPED = {"/dev", "/proc", "/sys", "/tmp"}   # made fresh for every command
-# root inside gets the capabilities a container's root has by default (Docker's and podman's set, less
-# raw sockets and audit): within its own user namespace, over ids of its own block only
-CONTAINER_CAPS = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_SETGID", "CAP_SETUID",
-                  "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_MKNOD", "CAP_SETFCAP")
 
 
 class BubblewrapSandbox(HostFolderSandbox):

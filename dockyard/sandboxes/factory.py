@@ -19,7 +19,7 @@ from dockyard.config.schema.env import SandboxConfig
 from dockyard.sandboxes.base import Sandbox, SandboxError, SandboxLimits, SandboxSpec
 from dockyard.sandboxes.images import ImageBuilder, TaskImage
 from dockyard.sandboxes.reaping import reap_once
-from dockyard.sandboxes.user_namespaces import agent_user_problem
+from dockyard.sandboxes.user_namespaces import agent_user_problem, root_may_run
 from dockyard.sandboxes.users import uid_range_problem
 
 IMAGE_RUNNERS = ("podman", "bubblewrap")
@@ -77,7 +77,8 @@ class SandboxFactory:
         if problem:
             raise SandboxError(problem)
         return ImageBuilder(config.base_images, config.default_base_image, config.image_cache,
-                            export_rootfs=config.type == "bubblewrap")
+                            export_rootfs=config.type == "bubblewrap" or root_may_run(config),
+                            bound_by_users=config.type == "bubblewrap" and config.agent_user != "root")
 
     def task_image(self, name: str, dockerfile: Path | None, context: Path | None,
                    rebuild: bool = False) -> TaskImage | None:

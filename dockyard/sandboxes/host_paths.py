@@ -75,6 +75,22 @@ def _clear(name: str, dir_fd: int, keep_folder: bool) -> None:
         os.unlink(name, dir_fd=dir_fd)
 
 
+def remove(root: Path, relative: str) -> None:
+    """Remove whatever stands at root/relative (a folder with all it holds), following no link on the way;
+    nothing when a folder on the way is missing."""
+    parts = parts_of(relative)
+    if not parts:
+        raise SandboxError(f"{root}: the folder itself is not removed")
+    try:
+        folder = open_folder(root, parts[:-1])
+    except FileNotFoundError:
+        return
+    try:
+        _clear(parts[-1], folder, keep_folder=False)
+    finally:
+        os.close(folder)
+
+
 def _empty(folder: int) -> None:
     for entry in os.listdir(folder):
         _clear(entry, folder, keep_folder=False)

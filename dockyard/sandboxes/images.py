@@ -302,12 +302,14 @@ class ImageBuilder:
     anyway, and two threads must not build the same key twice)."""
 
     def __init__(self, base_images: dict[str, str], default_base: str | None, cache_dir: str | Path | None,
-                 export_rootfs: bool):
+                 export_rootfs: bool, bound_by_users: bool = True):
         self.base_images, self.default_base = dict(base_images), default_base
         self.cache_dir = Path(os.path.expanduser(str(cache_dir or default_cache())))
         self.export_rootfs = export_rootfs
         self._lock = threading.Lock()
-        if export_rootfs and os.geteuid() == 0:
+        # an unprivileged bubblewrap sandbox binds the exported root itself (root inside reaches it through
+        # an overlay that dockyard mounts, which needs no way in for the sandbox's users)
+        if export_rootfs and bound_by_users and os.geteuid() == 0:
             closed = closed_ancestor(self.cache_dir)
             if closed:
                 raise ImageBuildError(f"env.sandbox.image_cache: {self.cache_dir} is below {closed}, which the "

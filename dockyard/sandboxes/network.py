@@ -28,6 +28,7 @@ import secrets
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 from dockyard.sandboxes.base import SandboxError
@@ -68,7 +69,9 @@ def ruleset(v4: list[str], v6: list[str]) -> str:
 class UserNetwork:
     """One sandbox's network namespace, its slirp4netns and its rule; `close` removes all three."""
 
-    def __init__(self, sandbox_name: str, ready_timeout_s: float = 30.0):
+    def __init__(self, sandbox_name: str, ready_timeout_s: float = 30.0, owner=None):
+        """owner: a UserNamespace (user_namespaces.py) the network namespace is to belong to (a podman
+        container with root inside joins it from that user namespace, which may only join its own)."""
         if os.geteuid() != 0:
             raise SandboxError(f"{sandbox_name}: the task allows the network (allow_internet), which a sandbox gets "
                                "only when dockyard runs as root (its own network namespace and slirp4netns, with this "
@@ -84,7 +87,10 @@ class UserNetwork:
         self.resolv.write_text(f"nameserver {DNS}\n")
         self.resolv.chmod(0o644)
         try:
-            _ip("netns", "add", self.name)
+            if owner is None:
+                _ip("netns", "add", self.name)
+            else:
+                _owned_namespace(self.path, owner, ready_timeout_s)
             read, write = os.pipe()
             self.slirp = subprocess.Popen(["slirp4netns", "--configure", "--mtu=65520", "--disable-host-loopback",
                                            f"--ready-fd={write}", "--netns-type=path", str(self.path), "tap0"],
@@ -143,3 +149,33 @@ def remove_namespace(name: str) -> None:
     """A dead trainer's namespace: its slirp4netns (whose command line names it) and the namespace."""
     subprocess.run(["pkill", "-KILL", "-f", f"slirp4netns .*/run/netns/{name} "], capture_output=True, timeout=10)
     _ip("netns", "delete", name, check=False)
+
+
+def _owned_namespace(path: Path, owner, timeout_s: float) -> None:
+    """A network namespace made inside `owner`'s user namespace, kept by a bind of it at `path` (as
+    `ip netns add` keeps its own)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
+    own = os.readlink("/proc/self/ns/net")
+    maker = subprocess.Popen([*owner.enter_prefix(), "unshare", "--net", "--", "sleep", "60"], stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:   # nsenter, then unshare, then sleep: the last is in the new namespace
+            try:
+                if os.readlink(f"/proc/{maker.pid}/ns/net") != own:
+                    break
+            except OSError:
+                pass
+            if maker.poll() is not None or time.monotonic() > deadline:
+                why = maker.stderr.read().decode(errors="replace").strip()[-300:] if maker.poll() is not None \
+                    else f"none after {timeout_s:.0f} s"
+                raise SandboxError(f"could not make a network namespace in the sandbox's user namespace: {why}")
+            time.sleep(0.002)
+        bound = subprocess.run(["mount", "--bind", f"/proc/{maker.pid}/ns/net", str(path)], capture_output=True,
+                               text=True, timeout=30)
+        if bound.returncode != 0:
+            raise SandboxError(f"could not keep the sandbox's network namespace at {path}: {bound.stderr.strip()}")
+    finally:
+        maker.kill()
+        maker.wait()

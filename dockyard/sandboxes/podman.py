@@ -41,11 +41,15 @@ from dockyard.sandboxes.base import HOST_CA_BUNDLE, Sandbox, SandboxError, Sandb
 from dockyard.sandboxes.host_folders import give_verifier_room, mount_tmpfs, unmount
 from dockyard.sandboxes.network import UserNetwork
 from dockyard.sandboxes.owners import owner_token
-from dockyard.sandboxes.processes import end_processes, of_user
+from dockyard.sandboxes.processes import end_processes, of_uid_range, of_user
+from dockyard.sandboxes.user_namespaces import BLOCK, CONTAINER_CAPS, ImageRoot, SystemChanges, UidBlockLease, UserNamespace, \
+    root_inside, root_uid_range
 from dockyard.sandboxes.users import UidLease, uid_range, with_user_entries
 
 PODMAN = ["podman", "--runtime", "runc"]   # crun is not in every distribution's podman; runc is
 OWNER_LABEL = "dockyard.owner"
+# what podman itself writes into a container's root (not the agent's changes)
+PODMAN_FILES = ("/etc/mtab", "/etc/hosts", "/etc/hostname", "/etc/resolv.conf", "/run/.containerenv", "/run/podman-init")
 
 
 def podman_path() -> str | None:
@@ -95,26 +99,46 @@ class PodmanSandbox(Sandbox):
         self.workspace: Path | None = None     # the working directory's host folder (as root)
         self.network: UserNetwork | None = None
         self.started = False
+        # root inside (user_namespaces.py): the container runs on the image's root folder, idmapped under
+        # an overlay of dockyard's, with ids 0-65535 mapped onto a leased block; self.uid is the block's first
+        self.root_inside = self.as_root and root_inside(config, bool(self.image))
+        self.namespace: UserNamespace | None = None
+        self.image_root: ImageRoot | None = None
+        self.init_pid: int | None = None
+        self.container_pids: set[int | None] = set()   # root inside: the container's init and main process
         try:
-            self.lease = UidLease(*self.uids) if self.as_root else None
+            if self.root_inside:
+                if spec.rootfs is None:
+                    raise SandboxError(f"{spec.name}: env.sandbox.agent_user root needs the task's built image "
+                                       "(env.sandbox.task_images: build)")
+                self.lease = UidBlockLease(*root_uid_range(config))
+                self.namespace = UserNamespace(self.lease.uid)
+            else:
+                self.lease = UidLease(*self.uids) if self.as_root else None
             self.uid = self.lease.uid if self.lease else os.geteuid()
+            self.inside_uid = 0 if self.root_inside else self.uid
             if self.as_root:
                 self.host_root = Path(tempfile.mkdtemp(prefix=f"dockyard-podman-{owner_token()}-"))
                 mount_tmpfs(self.host_root, limits)
                 self.workspace = self.host_root / "workspace"
                 self.workspace.mkdir(mode=0o755)
-                if self.image:
+                if self.root_inside:
+                    self.image_root = ImageRoot(spec.rootfs, self.host_root, self.namespace)
+                    image_files = Path(spec.rootfs) / self.workdir.lstrip("/")
+                    if image_files.is_dir() and not image_files.is_symlink():
+                        shutil.copytree(image_files, self.workspace, symlinks=True, dirs_exist_ok=True)
+                elif self.image:
                     self._copy_image_workdir()
                 host_paths.chown_tree(self.workspace, (self.uid, self.uid))
-            if spec.network:
-                self.network = UserNetwork(spec.name)
+            if spec.network:   # with root inside, one of the container's own user namespace (network.py)
+                self.network = UserNetwork(spec.name, owner=self.namespace)
             if self.as_root and not self.image:   # the host view's /etc is read-only: the entries are bound over it
                 self._write_host_user_files()
             self._start()
-            if self.as_root and self.image:
+            if self.as_root and self.image and not self.root_inside:
                 self._add_user_entries()
             setup = [] if self.workspace else [f"mkdir -p {_q(self.workdir)} && chown {self.uid}:{self.uid} {_q(self.workdir)}"]
-            if self.image:   # other folders of the image that everyone may write would be unbounded
+            if self.image and not self.root_inside:   # other folders of the image that everyone may write would be unbounded
                 setup.append("find / -xdev -type d -perm -0002 ! -path /tmp ! -path /var/tmp ! -path '/proc/*' "
                              "-exec chmod o-w {} + 2>/dev/null; true")
             if setup:
@@ -189,16 +213,23 @@ class PodmanSandbox(Sandbox):
         if self.host_ca_bound():
             network += ["-v", f"{HOST_CA_BUNDLE}:{HOST_CA_BUNDLE}:ro"]
         # --init: catatonit as PID 1 reaps orphans (a killed fork bomb's zombies would hold the pids limit)
+        # root inside gets a container root's capabilities (within its user namespace); otherwise root's
+        # set-up steps only
+        caps = ",".join(c.removeprefix("CAP_") for c in CONTAINER_CAPS) if self.root_inside else \
+            "CHOWN,DAC_OVERRIDE,FOWNER,SETUID,SETGID"
         common = ["run", "-d", "--init", "--init-path", shutil.which("catatonit") or "/usr/libexec/podman/catatonit",
                   "--name", self.name, "--label", f"{OWNER_LABEL}={owner_token()}", *network, "--cap-drop", "ALL",
-                  "--cap-add", "CHOWN,DAC_OVERRIDE,FOWNER,SETUID,SETGID",   # root's set-up steps only
-                  "--security-opt", "no-new-privileges", "--tmpfs", f"/tmp:{tmp}", "--tmpfs", f"/var/tmp:{tmp}",
-                  *limits]
+                  "--cap-add", caps, "--security-opt", "no-new-privileges", "--tmpfs", f"/tmp:{tmp}",
+                  "--tmpfs", f"/var/tmp:{tmp}", *limits]
         if self.workspace is not None:
             common += ["-v", f"{self.workspace}:{self.workdir}"]
         for key, value in self.environment().items():
             common += ["--env", f"{key}={value}"]
-        if self.image:
+        if self.image_root is not None:
+            # the container joins the sandbox's own user namespace (its network namespace belongs to it)
+            command = [*common, "--userns", f"ns:{self.namespace.path}", "--rootfs", str(self.image_root.merged),
+                       "sleep", "infinity"]
+        elif self.image:
             command = [*common, self.image, "sleep", "infinity"]
         else:
             self.root_dir = Path(tempfile.mkdtemp(prefix=f"dockyard-podman-{owner_token()}-root-"))
@@ -218,6 +249,18 @@ class PodmanSandbox(Sandbox):
             raise SandboxError(f"{self.spec.name}: podman could not start the container: "
                                f"{result.stderr.decode(errors='replace').strip()[-500:]}")
         self.started = True
+        self._note_init()
+
+    def _note_init(self) -> None:
+        """The container's init (root inside): the one process of the block's ids that is not the agent's."""
+        if self.root_inside:
+            pid = podman_command("inspect", "--format", "{{.State.Pid}}", self.name).stdout.decode().strip()
+            self.init_pid = int(pid) if pid.isdigit() else None
+            try:   # and its `sleep infinity`: the container lives while it does
+                children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            except OSError:
+                children = []
+            self.container_pids = {self.init_pid, *map(int, children)}
 
     def _exec_root(self, command: str, check: bool = True, cwd: str = "/") -> subprocess.CompletedProcess:
         result = subprocess.run([*PODMAN, "exec", "--user", "0", "--workdir", cwd, self.name, "sh", "-c", command],
@@ -241,7 +284,7 @@ class PodmanSandbox(Sandbox):
             flags += ["--env", f"{key}={value}"]
         # ulimit -v sets both limits: the command cannot raise it (the per-process cap; --memory is the container's)
         capped = ["bash", "-c", f'ulimit -v {self.limits.memory_mb * 1024} && exec "$@"', "bash", *argv]
-        return [*PODMAN, "exec", "-i", "--user", f"{self.uid}:{self.uid}", "--workdir", cwd or self.workdir, *flags,
+        return [*PODMAN, "exec", "-i", "--user", f"{self.inside_uid}:{self.inside_uid}", "--workdir", cwd or self.workdir, *flags,
                 self.name, *capped]
 
     def _finished(self, process: subprocess.Popen, killed: bool, shell: bool) -> None:
@@ -260,6 +303,11 @@ class PodmanSandbox(Sandbox):
         if not self.as_root:
             podman_command("restart", "-t", "0", self.name, check=False)
             return
+        if self.root_inside:   # every process of the block's ids but the container's init
+            block = of_uid_range(self.uid, self.uid + BLOCK - 1)
+            end_processes(lambda pid: int(pid) not in self.container_pids and block(pid),
+                          f"{self.spec.name} (podman sandbox {self.name})")
+            return
         uids = [lease.uid for lease in (self.lease, self.verifier_lease) if lease is not None]
         if uids:
             end_processes(of_user(*uids), f"{self.spec.name} (podman sandbox {self.name})")
@@ -267,15 +315,44 @@ class PodmanSandbox(Sandbox):
     def _become_verifier(self) -> None:
         if self.host_root is not None:
             give_verifier_room(self.host_root, self.limits)
-        if self.lease is None:
-            return   # a normal user has no second user id to give the verifier (docs/agents.md)
+        if self.lease is None or self.root_inside:
+            return   # a normal user has no second user id to give the verifier (docs/agents.md); root inside: the tests run as root too
         self.verifier_lease = UidLease(*self.uids)
-        self.uid = self.verifier_lease.uid
+        self.uid = self.inside_uid = self.verifier_lease.uid
         self._own_workdir(self.uid)
         self._add_user_entries()
 
     def _open_to_verifier(self, folder: str) -> None:
-        self._exec_root(f"chown -R {self.uid}:{self.uid} {_q(folder)} && chmod -R u+w {_q(folder)}")
+        if self.image_root is not None:   # placed from the host as host root's: handed to root inside from there
+            host = self.image_root.merged / folder.lstrip("/")
+            host_paths.chown_tree(host, (self.uid, self.uid))
+            subprocess.run(["chmod", "-R", "u+w", str(host)], check=True, capture_output=True, timeout=600)
+            return
+        self._exec_root(f"chown -R {self.inside_uid}:{self.inside_uid} {_q(folder)} && chmod -R u+w {_q(folder)}")
+
+    # --- root inside: the image's root and what the agent changed in it ------------------------
+
+    def system_changes(self) -> SystemChanges | None:
+        """As the base; what podman writes into a container's root, and the sandbox's own mount points, are not
+        the agent's."""
+        if self.image_root is None:
+            return None
+        changes = self.image_root.changes()
+        own = {self.workdir, "/tmp", "/var/tmp", "/dev", "/proc", "/sys", "/run", HOST_CA_BUNDLE, *PODMAN_FILES}
+        changes.changes = [c for c in changes.changes
+                           if not (c.kind == "added" and (c.path in own or (c.is_dir and any(
+                               m.startswith(c.path.rstrip("/") + "/") for m in own))))]
+        return changes
+
+    def revert_system(self, paths: list[str]) -> None:
+        """The container stops (nothing of the agent's is left running anyway), the paths get their image
+        state back in the overlay, and it starts again on the same folders."""
+        if self.image_root is None or not paths:
+            return
+        podman_command("stop", "-t", "0", self.name)
+        self.image_root.revert(paths)
+        podman_command("start", self.name)
+        self._note_init()
 
     def writable_host_folders(self) -> dict[str, Path]:
         return {self.workdir: self.workspace} if self.workspace is not None else {}
@@ -317,6 +394,9 @@ class PodmanSandbox(Sandbox):
         rest = [(Path(s), os.path.normpath(t), r) for s, t, r in entries if (s, t, r) not in direct]
         if not rest:
             return
+        if self.image_root is not None:
+            self._place_in_root(rest)
+            return
         archive = io.BytesIO()
         with tarfile.open(fileobj=archive, mode="w") as tar:
             for source, target, _ in rest:
@@ -327,8 +407,24 @@ class PodmanSandbox(Sandbox):
         fixes = []
         for _, target, read_only in rest:
             fixes.append(f"chown -R 0:0 {_q(target)} && chmod -R a+rX,go-w {_q(target)}" if read_only
-                         else f"chown -R {self.uid}:{self.uid} {_q(target)}")
+                         else f"chown -R {self.inside_uid}:{self.inside_uid} {_q(target)}")
         self._exec_root(" && ".join(fixes))
+
+    def _place_in_root(self, entries: list[tuple[Path, str, bool]]) -> None:
+        """Root inside: files go in through the overlay from the host, following no link; what stood at each
+        target is replaced whole (the agent could make any folder, /verifier-records with forged records
+        among them); read-only files are host root's, an id the sandbox's namespace does not map, so even
+        its root cannot change them."""
+        for source, target, read_only in entries:
+            if not source.exists():
+                raise SandboxError(f"{self.spec.name}: {source} does not exist (copying it to {target})")
+            relative = target.lstrip("/")
+            try:
+                host_paths.remove(self.image_root.merged, relative)
+                host_paths.copy_in(source, self.image_root.merged, relative, None if read_only else (self.uid, self.uid),
+                                   clear_bits=0o022 if read_only else 0)
+            except SandboxError as err:
+                raise SandboxError(f"{self.spec.name}: copying to {target}: {err}") from None
 
     def copy_out(self, source: str, target: Path, links: bool = False) -> None:
         self._check_alive()
@@ -337,6 +433,10 @@ class PodmanSandbox(Sandbox):
         if relative is not None:
             host_paths.copy_out(self.workspace, "" if relative == "." else relative, Path(target),
                                 f"{self.spec.name}: {source}", links)
+            return
+        if self.image_root is not None:   # the container's root is dockyard's overlay: read it from the host
+            host_paths.copy_out(self.image_root.merged, source.lstrip("/"), Path(target), f"{self.spec.name}: {source}",
+                                links)
             return
         kind = self._exec_root(f"test -L {_q(source)} && echo link || (test -e {_q(source)} && echo ok)", check=False)
         if kind.stdout.decode().strip() != "ok":
@@ -348,6 +448,10 @@ class PodmanSandbox(Sandbox):
         podman_command("rm", "-f", "-t", "0", self.name, check=False)
         if self.network is not None:
             self.network.close()
+        if self.image_root is not None:
+            self.image_root.close()
+        if self.namespace is not None:
+            self.namespace.close()
         if self.root_dir is not None:
             shutil.rmtree(self.root_dir, ignore_errors=True)
         if self.host_root is not None:

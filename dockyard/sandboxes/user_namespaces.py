@@ -32,6 +32,10 @@ from dockyard.sandboxes.processes import end_processes, of_uid_range
 from dockyard.sandboxes.users import LOCK_DIR
 
 BLOCK = 65536
+# root inside gets the capabilities a container's root has by default (Docker's and podman's set, less
+# raw sockets and audit), within its own user namespace: over ids of its own block only
+CONTAINER_CAPS = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_SETGID", "CAP_SETUID",
+                  "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_MKNOD", "CAP_SETFCAP")
 DEFAULT_ROOT_UIDS = (1_000_000_000, 1_000_000_000 + 64 * BLOCK - 1)   # 64 blocks
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -58,6 +62,13 @@ def root_inside(config, has_image: bool) -> bool:
     if choice == "auto":
         return has_image and os.geteuid() == 0
     return choice == "root"
+
+
+def root_may_run(config) -> bool:
+    """Whether some sandbox of this config may run its agent as root (so podman needs the image's root
+    folder exported too)."""
+    choice = getattr(config, "agent_user", "auto")
+    return choice == "root" or (choice == "auto" and os.geteuid() == 0)
 
 
 def agent_user_problem(config) -> str | None:

@@ -9,8 +9,8 @@ loader). Every attack must score 0 and be named in the notes, in bubblewrap and 
 solution scores 1. With the verifier's restoring switched off (tried by hand, docs/agents.md) every
 attack scored 1."""
 
-import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -24,6 +24,7 @@ from dockyard.sandboxes.processes import live_processes, of_uid_range
 from dockyard.sandboxes.user_namespaces import BLOCK
 from tests.envs.conftest import BASE
 from tests.envs.test_task_images import needs_builder
+from tests.sandboxes.test_guards import check_network_reaches_out_but_not_this_machine, needs_network_tools
 
 ROOT_TASK = Path(__file__).parent / "root_attacks" / "task"
 ATTACKS = Path(__file__).parent / "root_attacks" / "attacks"
@@ -46,6 +47,7 @@ def factory(kind: str, cache: Path, **settings) -> SandboxFactory:
 
 def with_solution(script: Path, where: Path) -> Path:
     task = where / script.stem
+    where.mkdir(exist_ok=True)
     shutil.copytree(ROOT_TASK, task)
     shutil.copy2(script, task / "solution" / "solve.sh")
     return task
@@ -61,7 +63,7 @@ def test_root_attacks_on_the_tests_tools_score_zero_and_the_honest_root_solution
     assert result.error is None and result.reward == 1.0, (result.notes, result.agent_output, result.test_output)
     assert result.suspicious == [] and not any("restored" in n or "left out" in n for n in result.notes), result.notes
     for script in sorted(ATTACKS.glob("*.sh")):
-        task = load_task(with_solution(script, open_folder))
+        task = load_task(with_solution(script, open_folder / kind))
         attack = run_trial(task, sandboxes.create, oracle_agent, image=image)
         assert attack.error is None and attack.reward == 0.0, (script.stem, attack.notes, attack.test_output[-2000:])
         assert any(NAMED[script.stem] in note for note in attack.notes), (script.stem, attack.notes)
@@ -87,7 +89,9 @@ def test_root_inside_is_a_container_root_over_its_own_block_of_ids(kind, base_im
         shell.run("sleep 300 &")
         assert live_processes(of_uid_range(outside, outside + BLOCK - 1))   # root inside is the block outside
         sandbox.hand_over()
-        assert not live_processes(of_uid_range(outside, outside + BLOCK - 1))
+        # nothing of the agent's is left (podman: the container's own init and main process remain)
+        left = set(live_processes(of_uid_range(outside, outside + BLOCK - 1)))
+        assert left == (set(sandbox.container_pids) if kind == "podman" else set()), left
         changes = {c.path: c.kind for c in sandbox.system_changes().changes}
         assert changes.get("/etc/made-by-root") == "added" and changes.get("/srv/new") == "added", changes
         assert not any(p.startswith(("/tests", "/logs", "/verifier")) for p in changes), changes   # the sandbox's own mounts
@@ -106,3 +110,13 @@ def test_agent_user_sandbox_keeps_the_unprivileged_user_and_root_needs_a_built_i
         SandboxFactory(SandboxConfig(type="bubblewrap", agent_user="root"))
     with pytest.raises(SandboxError, match=r"env.sandbox.root_uid_range: \[200000, 204095\] must hold at least one block"):
         factory("bubblewrap", open_folder / "cache", agent_user="root", root_uid_range=(200_000, 204_095))
+
+
+@needs_builder
+@needs_network_tools
+@pytest.mark.parametrize("kind", KINDS)
+def test_root_inside_with_the_network_reaches_out_but_never_this_machine_nor_its_rule(kind, base_image, open_folder):
+    sandboxes = factory(kind, open_folder / "cache")
+    task = load_task(ROOT_TASK)
+    spec = sandbox_spec(task, sandboxes.task_image(task.name, task.dockerfile, task.build_context))
+    check_network_reaches_out_but_not_this_machine(lambda network: sandboxes.create(replace(spec, network=network)))

@@ -6,10 +6,12 @@ killed with SIGKILL, links planted for the trainer's copies, forged end markers,
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -131,6 +133,14 @@ def _outside_host():
 @needs_network_tools
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_task_that_allows_the_network_gets_out_but_never_reaches_this_machine(backend):
+    check_network_reaches_out_but_not_this_machine(
+        lambda network: backend(SandboxSpec(workdir="/app", network=network), SandboxLimits(command_timeout_s=60)))
+
+
+def check_network_reaches_out_but_not_this_machine(open_box) -> None:
+    """open_box(network) -> a sandbox (a context manager) with or without a network: the allowed network
+    reaches a host elsewhere but none of this machine's listeners, and its rule cannot be changed inside;
+    without it nothing is reached (tests/envs/test_root_inside.py runs this on root-inside sandboxes)."""
     outside, host_if, outside_server = _outside_host()
     listeners = [socket.create_server(("127.0.0.1", 0)), socket.create_server(("0.0.0.0", 0))]
     abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -148,11 +158,14 @@ def test_a_task_that_allows_the_network_gets_out_but_never_reaches_this_machine(
                f"{host_ip}:{listeners[1].getsockname()[1]}", f"198.51.100.1:{listeners[1].getsockname()[1]}",
                f"10.0.2.2:{listeners[0].getsockname()[1]}"]
     try:
-        with backend(SandboxSpec(workdir="/app", network=True), SandboxLimits(command_timeout_s=60)) as box:
+        with open_box(True) as box:
             box.copy_in(_write(probe), "/app/probe.py")
             seen = box.run(f"python3 probe.py {' '.join(targets)}").output
-            unprivileged = box.run("nft list ruleset; ip link set lo down").output
-        with backend(SandboxSpec(workdir="/app"), SandboxLimits(command_timeout_s=60)) as closed:
+            if not box.run("command -v nft").ok:   # an image without nftables: this machine's, libraries and all
+                box.copy_in(_host_program("nft"), "/app/hosttools")
+            unprivileged = box.run("PATH=$PATH:/app/hosttools LD_LIBRARY_PATH=/app/hosttools nft flush ruleset; "
+                                   "nft list ruleset; ip link set lo down").output
+        with open_box(False) as closed:
             closed.copy_in(_write(probe), "/app/probe.py")
             offline = closed.run("python3 probe.py 198.51.100.2:8080").output
     finally:
@@ -170,6 +183,19 @@ def test_a_task_that_allows_the_network_gets_out_but_never_reaches_this_machine(
     assert "abstract CLOSED ConnectionRefusedError" in lines, seen
     assert "Operation not permitted" in unprivileged, unprivileged       # the rule cannot be changed from inside
     assert "198.51.100.2 8080 CLOSED" in offline, offline                # without allow_internet: no network at all
+
+
+def _host_program(name: str) -> Path:
+    """A folder holding this machine's `name` and the shared libraries it links (ldd)."""
+    folder = Path(tempfile.mkdtemp(prefix="dockyard-test-tools-"))
+    program = shutil.which(name)
+    shutil.copy2(program, folder / name)
+    for line in subprocess.run(["ldd", program], capture_output=True, text=True, timeout=30).stdout.splitlines():
+        parts = line.split("=>")
+        library = parts[1].split("(")[0].strip() if len(parts) == 2 else ""
+        if library.startswith("/"):
+            shutil.copy2(library, folder / os.path.basename(library))
+    return folder
 
 
 def _write(text: str) -> Path:
