@@ -244,12 +244,21 @@ class PodmanSandbox(Sandbox):
                 ["-v", f"{self.host_root}/etc-passwd:/etc/passwd:ro", "-v", f"{self.host_root}/etc-group:/etc/group:ro"]
             command = [*common, "-v", "/usr:/usr:ro", "-v", "/etc:/etc:ro", *users, "--rootfs", f"{self.root_dir}:O",
                        "sleep", "infinity"]
-        result = subprocess.run([*PODMAN, *command], capture_output=True, timeout=120)
+        # conmon stays in the folder podman started from, and writes an `oom` file there when the container's
+        # memory cap kills a process: the sandbox's own folder, not the trainer's working directory
+        result = subprocess.run([*PODMAN, *command], capture_output=True, timeout=120, cwd=self._conmon_folder())
         if result.returncode != 0:
             raise SandboxError(f"{self.spec.name}: podman could not start the container: "
                                f"{result.stderr.decode(errors='replace').strip()[-500:]}")
         self.started = True
         self._note_init()
+
+    def _conmon_folder(self) -> str:
+        if self.host_root is not None:
+            return str(self.host_root)
+        if self.root_dir is not None:
+            return str(self.root_dir.parent)
+        return tempfile.gettempdir()
 
     def _note_init(self) -> None:
         """The container's init (root inside): the one process of the block's ids that is not the agent's."""
@@ -351,7 +360,10 @@ class PodmanSandbox(Sandbox):
             return
         podman_command("stop", "-t", "0", self.name)
         self.image_root.revert(paths)
-        podman_command("start", self.name)
+        started = subprocess.run([*PODMAN, "start", self.name], capture_output=True, timeout=120, cwd=self._conmon_folder())
+        if started.returncode != 0:
+            raise SandboxError(f"{self.spec.name}: podman could not start the container again after the restore: "
+                               f"{started.stderr.decode(errors='replace').strip()[-300:]}")
         self._note_init()
 
     def writable_host_folders(self) -> dict[str, Path]:
