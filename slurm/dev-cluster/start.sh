@@ -79,7 +79,9 @@ ReturnToService=2
 SlurmdParameters=config_overrides
 GresTypes=gpu
 JobRequeue=1
-KillWait=5
+# Slurm's own default: a stopped run saves between SIGTERM and SIGKILL, and a save on a busy machine
+# (DCP with fsync, two ranks) can take longer than a few seconds
+KillWait=30
 MinJobAge=600
 InactiveLimit=0
 PreemptType=preempt/partition_prio

@@ -62,6 +62,14 @@ def rank0_log(workdir: Path, job: str) -> str:
     return (workdir / "slurm" / f"{job}_0_log.err").read_text(errors="replace")
 
 
+def slurm_events(job: str) -> list[str]:
+    """What slurmctld logged of this job (its starts, requeues, signals and ends), for a failure's message."""
+    log = Path(os.environ.get("DOCKYARD_SLURM_DIR", "/var/lib/dockyard-slurm")) / "log" / "slurmctld.log"
+    if not log.is_file():
+        return []
+    return [line for line in log.read_text(errors="replace").splitlines() if f"JobId={job}+" in line or f"JobId={job} " in line]
+
+
 def signals_received(workdir: Path, job: str) -> int:
     """How many stop signals rank 0 has reported, over all incarnations of the job."""
     path = workdir / "slurm" / f"{job}_0_log.err"
@@ -96,13 +104,13 @@ def completed_after_two_resumes(job: str, workdir: Path, first: int, second: int
     """After preempt_then_requeue: the job completes, restarted twice, resumed once after each stop
     from the step it stopped after; returns rank 0's log."""
     assert wait_ended(job, timeout_s) == "COMPLETED"
-    assert restarts(job) == 2
     log = rank0_log(workdir, job)
+    assert restarts(job) == 2, (restarts(job), slurm_events(job), log[-3000:])
     stops = [int(s) for s in re.findall(r"stopped after step (\d+)", log)]
     resumed = [int(s) for s in re.findall(r"resumed from .*step_(\d+) ", log)]
     # the sync loop stops after the held step itself; the async one after the steps its pipeline had
     # sampled ahead (its tests leave room for that between the two stops)
-    assert resumed == stops and len(stops) == 2, (stops, resumed, log[-3000:])
+    assert resumed == stops and len(stops) == 2, (stops, resumed, slurm_events(job), log[-3000:])
     assert first <= stops[0] < second <= stops[1] < steps, (stops, log[-3000:])
     return log
 
