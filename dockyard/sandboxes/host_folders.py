@@ -35,8 +35,8 @@ from dockyard.sandboxes.cgroups import SandboxCgroup
 from dockyard.sandboxes.network import UserNetwork
 from dockyard.sandboxes.owners import owner_token
 from dockyard.sandboxes.processes import any_of, end_processes, in_pid_namespaces, of_uid_range, of_user
-from dockyard.sandboxes.user_namespaces import BLOCK, ImageRoot, SystemChanges, UidBlockLease, UserNamespace, \
-    root_inside, root_uid_range
+from dockyard.sandboxes.user_namespaces import BLOCK, ImageRoot, SystemChanges, UserNamespace, root_inside, \
+    root_lease
 from dockyard.sandboxes.users import UidLease, uid_range, with_user_entries
 
 FOLDER_PREFIX = "dockyard-sandbox-"
@@ -107,11 +107,7 @@ class HostFolderSandbox(Sandbox):
                 self.mounted = True
             self.host_root.chmod(0o711)   # the sandbox's user may pass through to its own folders, not list them
             if self.root_inside:   # user_namespaces.py: root inside is the block's first id outside
-                if spec.rootfs is None:
-                    raise SandboxError(f"{spec.name}: env.sandbox.agent_user root needs the task's built image "
-                                       "(env.sandbox.task_images: build)")
-                self.lease = UidBlockLease(*root_uid_range(config))
-                self.namespace = UserNamespace(self.lease.uid)
+                self.lease, self.namespace = root_lease(spec, config)
             else:
                 self.lease = UidLease(*self.uids) if as_root else None
             self.uid = self.lease.uid if self.lease else os.geteuid()

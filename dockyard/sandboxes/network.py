@@ -28,11 +28,11 @@ import secrets
 import shutil
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 from dockyard.sandboxes.base import SandboxError
 from dockyard.sandboxes.owners import owner_token
+from dockyard.sandboxes.user_namespaces import in_new_namespace
 
 PREFIX = "dockyard-"
 GATEWAY, DNS = "10.0.2.2", "10.0.2.3"
@@ -156,22 +156,10 @@ def _owned_namespace(path: Path, owner, timeout_s: float) -> None:
     `ip netns add` keeps its own)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.touch()
-    own = os.readlink("/proc/self/ns/net")
     maker = subprocess.Popen([*owner.enter_prefix(), "unshare", "--net", "--", "sleep", "60"], stdin=subprocess.DEVNULL,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:   # nsenter, then unshare, then sleep: the last is in the new namespace
-            try:
-                if os.readlink(f"/proc/{maker.pid}/ns/net") != own:
-                    break
-            except OSError:
-                pass
-            if maker.poll() is not None or time.monotonic() > deadline:
-                why = maker.stderr.read().decode(errors="replace").strip()[-300:] if maker.poll() is not None \
-                    else f"none after {timeout_s:.0f} s"
-                raise SandboxError(f"could not make a network namespace in the sandbox's user namespace: {why}")
-            time.sleep(0.002)
+    try:   # nsenter, then unshare, then sleep: the last is in the new namespace
+        in_new_namespace(maker, "net", timeout_s, "a network namespace in the sandbox's user namespace")
         bound = subprocess.run(["mount", "--bind", f"/proc/{maker.pid}/ns/net", str(path)], capture_output=True,
                                text=True, timeout=30)
         if bound.returncode != 0:

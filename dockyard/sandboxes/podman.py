@@ -42,8 +42,8 @@ from dockyard.sandboxes.host_folders import give_verifier_room, mount_tmpfs, unm
 from dockyard.sandboxes.network import UserNetwork
 from dockyard.sandboxes.owners import owner_token
 from dockyard.sandboxes.processes import end_processes, of_uid_range, of_user
-from dockyard.sandboxes.user_namespaces import BLOCK, CONTAINER_CAPS, ImageRoot, SystemChanges, UidBlockLease, UserNamespace, \
-    root_inside, root_uid_range
+from dockyard.sandboxes.user_namespaces import BLOCK, CONTAINER_CAPS, ImageRoot, SystemChanges, UserNamespace, \
+    root_inside, root_lease
 from dockyard.sandboxes.users import UidLease, uid_range, with_user_entries
 
 PODMAN = ["podman", "--runtime", "runc"]   # crun is not in every distribution's podman; runc is
@@ -108,11 +108,7 @@ class PodmanSandbox(Sandbox):
         self.container_pids: set[int | None] = set()   # root inside: the container's init and main process
         try:
             if self.root_inside:
-                if spec.rootfs is None:
-                    raise SandboxError(f"{spec.name}: env.sandbox.agent_user root needs the task's built image "
-                                       "(env.sandbox.task_images: build)")
-                self.lease = UidBlockLease(*root_uid_range(config))
-                self.namespace = UserNamespace(self.lease.uid)
+                self.lease, self.namespace = root_lease(spec, config)
             else:
                 self.lease = UidLease(*self.uids) if self.as_root else None
             self.uid = self.lease.uid if self.lease else os.geteuid()

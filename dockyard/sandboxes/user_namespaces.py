@@ -19,7 +19,6 @@ Linux 5.19 or later (idmapped mounts under an overlay); dockyard must be root to
 from __future__ import annotations
 
 import ctypes
-import fcntl
 import os
 import stat
 import subprocess
@@ -28,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dockyard.sandboxes.base import SandboxError
-from dockyard.sandboxes.processes import end_processes, of_uid_range
-from dockyard.sandboxes.users import LOCK_DIR
+from dockyard.sandboxes.processes import of_uid_range
+from dockyard.sandboxes.users import LOCK_DIR, lease_free
 
 BLOCK = 65536
 # root inside gets the capabilities a container's root has by default (Docker's and podman's set, less
@@ -111,27 +110,46 @@ class UidBlockLease:
     dead trainer's sandbox) is handed out only once they are gone."""
 
     def __init__(self, first: int, last: int):
-        LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
-        for base in range(first, last - BLOCK + 2, BLOCK):
-            handle = open(LOCK_DIR / f"block-{base}", "w")
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                handle.close()
-                continue
-            try:
-                end_processes(of_uid_range(base, base + BLOCK - 1), f"sandbox ids {base}+ (left by a trainer that is gone)")
-            except SandboxError:
-                handle.close()
-                continue
-            self.uid = self.base = base   # root inside is the first id outside
-            self._handle = handle
-            return
-        raise SandboxError(f"all {(last - first + 1) // BLOCK} blocks of env.sandbox.root_uid_range [{first}, {last}] "
-                           f"are taken (one per sandbox whose agent is root; lock files in {LOCK_DIR})")
+        blocks = range(first, last - BLOCK + 2, BLOCK)
+        self.base, self._handle = lease_free(
+            ((base, f"block-{base}", of_uid_range(base, base + BLOCK - 1)) for base in blocks), "sandbox ids",
+            f"all {len(blocks)} blocks of env.sandbox.root_uid_range [{first}, {last}] are taken (one per sandbox "
+            f"whose agent is root; lock files in {LOCK_DIR})")
+        self.uid = self.base   # root inside is the first id outside
 
     def release(self) -> None:
         self._handle.close()
+
+
+def in_new_namespace(child: subprocess.Popen, kind: str, timeout_s: float, what: str) -> None:
+    """Wait until `child` (a command that unshares, then sleeps) is in a `kind` namespace other than
+    this process's; SandboxError naming `what` if it exits or the time runs out first."""
+    own = os.readlink(f"/proc/self/ns/{kind}")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if os.readlink(f"/proc/{child.pid}/ns/{kind}") != own:
+                return
+        except OSError:
+            pass
+        if child.poll() is not None or time.monotonic() > deadline:
+            why = child.stderr.read().decode(errors="replace").strip()[-300:] if child.poll() is not None else \
+                f"none after {timeout_s:.0f} s"
+            raise SandboxError(f"could not make {what}: {why}")
+        time.sleep(0.002)
+
+
+def root_lease(spec, config) -> tuple[UidBlockLease, "UserNamespace"]:
+    """A root-inside sandbox's block of ids and its user namespace (its task must have a built image)."""
+    if spec.rootfs is None:
+        raise SandboxError(f"{spec.name}: env.sandbox.agent_user root needs the task's built image "
+                           "(env.sandbox.task_images: build)")
+    lease = UidBlockLease(*root_uid_range(config))
+    try:
+        return lease, UserNamespace(lease.uid)
+    except BaseException:
+        lease.release()
+        raise
 
 
 class UserNamespace:
@@ -139,22 +157,10 @@ class UserNamespace:
     this process (no process of its own): commands enter it with `enter_prefix()`."""
 
     def __init__(self, base: int, timeout_s: float = 10.0):
-        own = os.readlink("/proc/self/ns/user")
         child = subprocess.Popen(["unshare", "--user", "--", "sleep", "60"], stdin=subprocess.DEVNULL,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
-            deadline = time.monotonic() + timeout_s
-            while True:   # unshare makes the namespace, then becomes sleep
-                try:
-                    if os.readlink(f"/proc/{child.pid}/ns/user") != own:
-                        break
-                except OSError:
-                    pass
-                if child.poll() is not None or time.monotonic() > deadline:
-                    why = child.stderr.read().decode(errors="replace").strip() if child.poll() is not None else \
-                        f"no new user namespace after {timeout_s:.0f} s"
-                    raise SandboxError(f"could not make a user namespace for the sandbox: {why}")
-                time.sleep(0.002)
+            in_new_namespace(child, "user", timeout_s, "a user namespace for the sandbox")
             for name, text in (("uid_map", f"0 {base} {BLOCK}\n"), ("setgroups", "allow"), ("gid_map", f"0 {base} {BLOCK}\n")):
                 with open(f"/proc/{child.pid}/{name}", "w") as out:
                     out.write(text)

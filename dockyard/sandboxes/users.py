@@ -74,29 +74,37 @@ def ids_in_use(first: int, last: int) -> list[str]:
     return sorted(set(taken))
 
 
+def lease_free(candidates, what: str, taken: str):
+    """(value, lock handle) of the first candidate whose lock file is free and whose ids run no process
+    (a dead trainer's leftovers are ended first; ids that cannot be cleaned are skipped). candidates:
+    (value, lock file name, selector of its processes). SandboxError `taken` when none is free."""
+    LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
+    for value, lock_name, processes in candidates:
+        handle = open(LOCK_DIR / lock_name, "w")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            continue
+        try:
+            end_processes(processes, f"{what} {value} (left by a trainer that is gone)")
+        except SandboxError:
+            handle.close()
+            continue
+        return value, handle
+    raise SandboxError(taken)
+
+
 class UidLease:
     """An exclusive user id for one sandbox from [first, last], released when the lock file is closed (or
     the process dies). An id whose lock is free but that still has processes (a dead trainer's sandbox)
     is handed out only once they are gone: a new sandbox never shares its user with a leftover."""
 
     def __init__(self, first: int, last: int):
-        LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
-        for uid in range(first, last + 1):
-            handle = open(LOCK_DIR / str(uid), "w")
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                handle.close()
-                continue
-            try:
-                end_processes(of_user(uid), f"sandbox user {uid} (left by a trainer that is gone)")
-            except SandboxError:
-                handle.close()
-                continue
-            self.uid, self._handle = uid, handle
-            return
-        raise SandboxError(f"all {last - first + 1} sandbox user ids of env.sandbox.uid_range [{first}, {last}] are "
-                           f"taken (lock files in {LOCK_DIR})")
+        self.uid, self._handle = lease_free(
+            ((uid, str(uid), of_user(uid)) for uid in range(first, last + 1)), "sandbox user",
+            f"all {last - first + 1} sandbox user ids of env.sandbox.uid_range [{first}, {last}] are taken (lock files "
+            f"in {LOCK_DIR})")
 
     def release(self) -> None:
         self._handle.close()
