@@ -1,7 +1,7 @@
 """Task image figures (env.sandbox.task_images: build): what building and running on task images costs.
 
     python bench/task_images.py [--tasks DIR] [--kind bubblewrap|podman] [--base IMAGE] [--repeats 5]
-                                [--agent oracle|noop]
+                                [--agent oracle|noop] [--agent-user auto|root|sandbox]
 
 Prints, for every task of --tasks (default: tests/envs/image_tasks, two tasks whose Dockerfiles use
 RUN, heredocs, COPY --chown, ARG and WORKDIR):
@@ -46,13 +46,17 @@ def main() -> int:
     parser.add_argument("--base", default="localhost/dockyard-base:bookworm")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--agent", choices=sorted(AGENTS), default="oracle")
+    parser.add_argument("--agent-user", choices=["auto", "root", "sandbox"], default="auto",
+                        help="env.sandbox.agent_user: root inside (the default on built images, as root) or the "
+                             "unprivileged sandbox user, to compare what root inside costs")
     args = parser.parse_args()
     cache = Path(tempfile.mkdtemp(prefix="dockyard-bench-images-", dir="/var/tmp"))
     cache.chmod(0o755)
-    config = SandboxConfig(type=args.kind, task_images="build", default_base_image=args.base, image_cache=str(cache))
+    config = SandboxConfig(type=args.kind, task_images="build", default_base_image=args.base, image_cache=str(cache),
+                           agent_user=args.agent_user)
     factory = SandboxFactory(config)
     tasks = load_tasks(args.tasks)
-    print(f"{len(tasks)} tasks from {args.tasks}, {args.kind} sandboxes, base {args.base}")
+    print(f"{len(tasks)} tasks from {args.tasks}, {args.kind} sandboxes (agent_user {args.agent_user}), base {args.base}")
     try:
         for task in tasks:
             cold = factory.task_image(task.name, task.dockerfile, task.build_context, rebuild=True)
@@ -73,7 +77,8 @@ def main() -> int:
                   f"{args.agent} trial {statistics.median(trials) * 1000:.0f} ms (median of {args.repeats})")
         loaded = load_config(REPO / "configs" / "grpo_terminal_bench_local.yaml",
                              [f"env.sandbox.type={args.kind}", "env.sandbox.task_images=build",
-                              f"env.sandbox.default_base_image={args.base}", f"env.sandbox.image_cache={cache}"])
+                              f"env.sandbox.default_base_image={args.base}", f"env.sandbox.image_cache={cache}",
+                              f"env.sandbox.agent_user={args.agent_user}"])
         times = []
         for rebuild in (True, False):   # from nothing (no cached layer), then with every image cached
             started = time.perf_counter()
