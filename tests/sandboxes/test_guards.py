@@ -93,8 +93,11 @@ def test_temporary_folders_are_sized_and_the_rest_of_the_root_is_closed(backend)
 def test_the_workspace_is_capped_in_size_and_in_files(backend):
     limits = SandboxLimits(command_timeout_s=60, workspace_mb=16, workspace_inodes=500, file_size_mb=64)
     with backend(SandboxSpec(workdir="/app"), limits) as box:
-        size = box.run("head -c 40000000 /dev/zero > big; stat -c %s big; rm big")
-        assert int(size.output.split()[-1]) <= 16 * 1024 * 1024 and "No space left" in size.output, size.output
+        written = box.run("head -c 40000000 /dev/zero > big")
+        # its own command: podman exec forwards stdout and stderr apart, so head's error could come after
+        size = box.run("stat -c %s big; rm big")
+        assert "No space left" in written.output and int(size.output.split()[-1]) <= 16 * 1024 * 1024, \
+            (written.output, size.output)
         files = box.run("for i in $(seq 1000); do touch f$i 2>/dev/null || { echo stopped at $i; break; }; done")
         assert "stopped at" in files.output and int(files.output.split()[-1]) < 500, files.output
 
