@@ -83,7 +83,7 @@ class EnrootSandbox(HostFolderSandbox):
     def user_and_limits(self) -> list[str]:
         # enroot runs as the invoking user (its container lives in that user's enroot data folder)
         network = ["unshare", "--net", "--"] if os.geteuid() == 0 and not self.spec.network else []
-        return [*network, "prlimit", *self.limits.prlimit(), "--"]
+        return [*network, "prlimit", *self.limits.prlimit(sandbox_capped=False), "--"]
 
     def wrap(self, argv: list[str], env: dict[str, str], cwd: str | None = None) -> list[str]:
         command = ["enroot", "start", "--rw"]

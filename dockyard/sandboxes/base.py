@@ -38,16 +38,20 @@ class SandboxError(ComponentError, RuntimeError):
     """A sandbox could not be created, used or destroyed; the message names it."""
 
 
+PROCESS_MEMORY_MB = 2048   # each process's address space, where no cgroup caps the sandbox
+
+
 @dataclass(frozen=True)
 class SandboxLimits:
     """Caps on what one sandbox may use. memory_mb and file_size_mb apply per process (RLIMIT_AS,
-    RLIMIT_FSIZE), max_processes to the sandbox's own user (RLIMIT_NPROC), cpu_time_s per process.
+    RLIMIT_FSIZE; memory_mb unset: see process_memory_mb), max_processes to the sandbox's own user
+    (RLIMIT_NPROC), cpu_time_s per process.
     sandbox_memory_mb caps the whole sandbox where a cgroup can be made (root; podman: the container),
     workspace_mb / workspace_inodes its writable folders together (a sized tmpfs, as root), tmp_mb and
     shm_mb its /tmp (and /var/tmp) and /dev/shm."""
 
     command_timeout_s: float = 600.0
-    memory_mb: int = 2048
+    memory_mb: int | None = None
     max_processes: int = 256
     file_size_mb: int = 1024
     cpu_time_s: int = 600
@@ -59,10 +63,21 @@ class SandboxLimits:
     tmp_mb: int = 512
     shm_mb: int = 64
 
-    def prlimit(self) -> list[str]:
+    def process_memory_mb(self, sandbox_capped: bool) -> int | None:
+        """Each process's address-space cap: memory_mb where set; unset, none where a cgroup caps the
+        whole sandbox's memory (`sandbox_capped`) and 2048 MB where nothing else does. Address space is
+        not memory: a JVM reserves 1 GiB of class space at start and uv's threads their stacks, so under
+        2 GiB `java -version` failed and `uvx` failed now and then ("failed to initialize global rayon
+        pool": a published task's test harness, under load)."""
+        if self.memory_mb is not None:
+            return self.memory_mb
+        return None if sandbox_capped else PROCESS_MEMORY_MB
+
+    def prlimit(self, sandbox_capped: bool) -> list[str]:
         """`prlimit` options setting these caps on the process it runs (and its children)."""
         mb = 1024 * 1024
-        return [f"--as={self.memory_mb * mb}", f"--nproc={self.max_processes}",
+        memory = self.process_memory_mb(sandbox_capped)
+        return [*([f"--as={memory * mb}"] if memory else []), f"--nproc={self.max_processes}",
                 f"--fsize={self.file_size_mb * mb}", f"--cpu={self.cpu_time_s}", f"--nofile={self.open_files}"]
 
 

@@ -28,6 +28,11 @@ def _v2_with_memory() -> bool:
     return controllers.is_file() and "memory" in controllers.read_text().split()
 
 
+def memory_controller() -> bool:
+    """Whether this machine's cgroups have a memory controller (podman's --memory takes effect)."""
+    return (V1.is_dir() and not (V1 / "cgroup.controllers").exists()) or _v2_with_memory()
+
+
 class SandboxCgroup:
     def __init__(self, path: Path):
         self.path = path

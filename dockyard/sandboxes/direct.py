@@ -99,7 +99,7 @@ class DirectSandbox(Sandbox):
         return path
 
     def wrap(self, argv: list[str], env: dict[str, str], cwd: str | None = None) -> list[str]:
-        return ["prlimit", *self.limits.prlimit(), "--", "env", "-i", f"--chdir={cwd or self.workdir}",
+        return ["prlimit", *self.limits.prlimit(sandbox_capped=False), "--", "env", "-i", f"--chdir={cwd or self.workdir}",
                 *(f"{key}={value}" for key, value in env.items()), *argv]
 
     def copy_in(self, source: Path, target: str, read_only: bool = False) -> None:

@@ -238,7 +238,7 @@ class HostFolderSandbox(Sandbox):
             prefix += self.namespace.enter_prefix()
         elif self.lease:
             prefix += ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--"]
-        return [*prefix, "prlimit", *self.limits.prlimit(), "--"]
+        return [*prefix, "prlimit", *self.limits.prlimit(sandbox_capped=self.cgroup is not None), "--"]
 
     def end_processes(self) -> None:
         """As root: every process of the sandbox's users; either way: every process in the pid

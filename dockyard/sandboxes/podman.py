@@ -13,7 +13,8 @@ bubblewrap gives: an empty root with this machine's /usr and /etc bound read-onl
   image that everyone could write is closed at creation; nothing the agent writes lands in podman's
   storage on the host's disk;
 - caps: `--pids-limit` (max_processes), `--memory` (sandbox_memory_mb, for the whole container, where
-  the cgroup memory controller allows it), `ulimit -v` per process (memory_mb), `--ulimit` for file
+  the cgroup memory controller allows it), `ulimit -v` per process (memory_mb; unset, only where
+  --memory cannot take effect: SandboxLimits.process_memory_mb), `--ulimit` for file
   size, CPU time, open files and processes;
 - a task's Dockerfile: COPY/ADD sources are copied in, ENV and WORKDIR set, and its RUN lines run at
   creation, as root, in order, without network (the image build, done in the container: the task's
@@ -38,6 +39,7 @@ from pathlib import Path
 
 from dockyard.sandboxes import host_paths
 from dockyard.sandboxes.base import HOST_CA_BUNDLE, Sandbox, SandboxError, SandboxLimits, SandboxSpec
+from dockyard.sandboxes.cgroups import memory_controller
 from dockyard.sandboxes.host_folders import give_verifier_room, mount_tmpfs, unmount
 from dockyard.sandboxes.network import UserNetwork
 from dockyard.sandboxes.owners import owner_token
@@ -287,8 +289,10 @@ class PodmanSandbox(Sandbox):
         flags = []
         for key, value in env.items():
             flags += ["--env", f"{key}={value}"]
-        # ulimit -v sets both limits: the command cannot raise it (the per-process cap; --memory is the container's)
-        capped = ["bash", "-c", f'ulimit -v {self.limits.memory_mb * 1024} && exec "$@"', "bash", *argv]
+        # ulimit -v sets both limits: the command cannot raise it (a per-process cap, where memory_mb sets
+        # one; --memory caps the container)
+        memory = self.limits.process_memory_mb(sandbox_capped=memory_controller())
+        capped = ["bash", "-c", f'ulimit -v {memory * 1024} && exec "$@"', "bash", *argv] if memory else argv
         return [*PODMAN, "exec", "-i", "--user", f"{self.inside_uid}:{self.inside_uid}", "--workdir", cwd or self.workdir, *flags,
                 self.name, *capped]
 

@@ -115,6 +115,24 @@ def test_the_whole_sandbox_has_a_memory_cap(backend):
         assert result.output.splitlines().count("held") < 3 and "Killed" in result.output, result.output
 
 
+@needs_root
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_where_the_whole_sandbox_is_capped_address_space_is_not(backend):
+    # a JVM reserves 1 GiB of class space at start and uv its threads' stacks: under the old default
+    # per-process RLIMIT_AS of 2 GiB `java -version` failed and uvx now and then; memory used is still capped
+    limits = SandboxLimits(command_timeout_s=60, sandbox_memory_mb=200)
+    with backend(SandboxSpec(workdir="/app"), limits) as box:
+        if isinstance(box, BubblewrapSandbox) and box.cgroup is None:
+            pytest.skip("no writable memory cgroup on this machine")
+        reserve = box.run("python3 -c 'import mmap; m = mmap.mmap(-1, 3 << 30); print(\"reserved\", len(m))'")
+        assert reserve.output.split() == ["reserved", str(3 << 30)], reserve.output
+        use = box.run("python3 -c 'x = bytearray(400 * 1024 * 1024); x[::4096] = b\"1\" * len(x[::4096]); print(\"used\")'",
+                      timeout_s=60)
+        assert "used" not in use.output and use.exit_code == 137, use.output   # the cgroup's OOM kill
+    assert SandboxLimits().process_memory_mb(sandbox_capped=False) == 2048   # where nothing caps the sandbox
+    assert SandboxLimits(memory_mb=512).process_memory_mb(sandbox_capped=True) == 512   # as set
+
+
 def _outside_host():
     """A host outside this machine: a network namespace behind a veth pair, with a TCP listener."""
     name = f"dytest-out-{secrets.token_hex(3)}"
