@@ -12,7 +12,9 @@ user's). Then the tests run with:
   `python3 -m pytest` from the workspace does not import a pytest.py lying there);
 - git hooks and fsmonitor commands off; uv and pip read no configuration file (UV_NO_CONFIG,
   PIP_CONFIG_FILE=/dev/null: a uv.toml in the working folder could point them at the agent's own
-  wheels); pytest's plugin autoload stays on for terminal tasks (the
+  wheels); `uv venv` clears what stood in its folder (UV_VENV_CLEAR: Terminal-Bench's harness makes
+  `.tbench-testing` in the working folder, where the agent could leave one with its own `pytest`
+  and `.pth` files); pytest's plugin autoload stays on for terminal tasks (the
   published test scripts load their reporters that way, `uvx --with pytest-json-ctrf pytest --ctrf`):
   a plugin the agent could have installed is caught by the record below, wherever it loads from;
 - dockyard's record plugin loaded into the real pytest (pytest_record.py): it writes each test's
@@ -49,6 +51,7 @@ VERIFIER = "/verifier"
 LIB, HOME, RECORDS = f"{VERIFIER}/lib", "/verifier-home", "/verifier-records"   # one top-level folder each: read-only, or the verifier's
 REWARD_FOLDER = "/logs/verifier"
 READ_LIMIT = 1024 * 1024      # a record or reward file larger than this is not read
+FOREIGN = "pytest used a plugin, conftest.py or configuration file the agent could have written"
 
 # variables holding lists of folders searched for programs, modules or libraries
 SEARCH_PATHS = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "PERL5LIB", "PERLLIB", "NODE_PATH", "RUBYLIB", "GEM_PATH",
@@ -139,7 +142,10 @@ def verifier_env(sandbox: Sandbox, task_env: dict[str, str], test_dirs: list[str
                 "GIT_CONFIG_KEY_3": "gpg.program", "GIT_CONFIG_VALUE_3": "false",
                 # installers the tests run read no configuration the agent could leave in the working folder
                 # (a uv.toml / [tool.uv] with find-links to the agent's own `pytest` wheel)
-                "UV_NO_CONFIG": "1", "PIP_CONFIG_FILE": os.devnull})
+                "UV_NO_CONFIG": "1", "PIP_CONFIG_FILE": os.devnull,
+                # `uv venv X` over a folder X the agent left keeps its files (uv 0.9): Terminal-Bench's
+                # harness then ran the agent's bin/pytest or a .pth file of its site-packages as the verifier
+                "UV_VENV_CLEAR": "1"})
     if plugin:
         env["PYTEST_PLUGINS"] = plugin
     if safe_path:
@@ -197,15 +203,17 @@ PASSING = {"passed", "xfailed", "xpassed", "skipped"}
 
 def foreign_plugins(records: list[PytestRecord], writable: list[str], allowed: list[str],
                     unchanged: Callable[[str], bool] = lambda path: False,
-                    wrote: Callable[[str], bool] = lambda path: False) -> list[str]:
+                    wrote: Callable[[str], bool] = lambda path: False,
+                    verifier_made: Callable[[str], bool] = lambda path: False) -> list[str]:
     """Plugin, conftest.py or configuration files pytest used from where the agent could write (its
     folders, or with root inside any file it wrote: `wrote`), or conftest.py files outside the folders
     the task's own tests are in (`allowed`); a file the task itself placed there and the agent left as
-    it was (`unchanged`) is the task's own."""
+    it was (`unchanged`) is the task's own, and one the verifier's processes made in the agent's
+    folders after the hand-over (`verifier_made`, hand_over.py: a test harness's own venv) the verifier's."""
     found = set()
     for record in records:
         for path in record.plugins + ([record.inifile] if record.inifile else []):
-            if (_within(path, writable) or wrote(path)
+            if ((_within(path, writable) and not verifier_made(path)) or wrote(path)
                     or (os.path.basename(path) == "conftest.py" and not _within(path, allowed))) \
                     and not unchanged(path):
                 found.add(path)
@@ -215,7 +223,8 @@ def foreign_plugins(records: list[PytestRecord], writable: list[str], allowed: l
 def pytest_grade(records: list[PytestRecord], problems: list[str], output_has_results: bool,
                  writable: list[str], allowed_conftests: list[str],
                  unchanged: Callable[[str], bool] = lambda path: False,
-                 wrote: Callable[[str], bool] = lambda path: False) -> tuple[bool, str, str | None]:
+                 wrote: Callable[[str], bool] = lambda path: False,
+                 verifier_made: Callable[[str], bool] = lambda path: False) -> tuple[bool, str, str | None]:
     """(resolved, why, verifier error): resolved when pytest's own record lists tests, none failed,
     and its exit status agrees."""
     if problems:
@@ -225,10 +234,9 @@ def pytest_grade(records: list[PytestRecord], problems: list[str], output_has_re
         if output_has_results:   # a summary on stdout without a session behind it
             return False, why, why + ", yet the output shows pytest results: they are not trusted"
         return False, why, None
-    foreign = foreign_plugins(records, writable, allowed_conftests, unchanged, wrote)
+    foreign = foreign_plugins(records, writable, allowed_conftests, unchanged, wrote, verifier_made)
     if foreign:
-        error = f"pytest used a plugin, conftest.py or configuration file the agent could have written: " \
-                f"{', '.join(foreign[:5])}"
+        error = f"{FOREIGN}: {', '.join(foreign[:5])}"
         return False, error, error
     tests: dict[str, str] = {}
     for record in records:

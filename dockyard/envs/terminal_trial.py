@@ -5,8 +5,10 @@ The order matters for honesty (grading.py has the rest): the sandbox is handed o
 agent's shells closed, every process it started gone for certain, the workspace the verifier's
 user's); the tests are copied only then, into /tests (then the verifier's to write, as published test
 scripts expect; only the task's own files there count as pytest plugins or conftests), with a fresh
-/logs/verifier of the verifier's, and they run in the verifier's environment; the grade is read once every process they
-started is gone. With `grading: fresh_sandbox` (an extra key of terminal_bench) the tests run in a
+/logs/verifier of the verifier's, and they run in the verifier's environment, with what the agent left that would
+steer uv (its project, an interpreter pin) turned off (hand_over.py); the grade is read once every process they
+started is gone, and a plugin pytest loaded from the agent's folders counts as the verifier's only if the tests
+made it there after the hand-over (hand_over.py: a harness's own environment). With `grading: fresh_sandbox` (an extra key of terminal_bench) the tests run in a
 new sandbox built from the task that receives only the agent's workspace. The oracle agent alone gets
 the task's solution, in /solution, read-only.
 """
@@ -22,9 +24,10 @@ from typing import Callable
 
 import yaml
 
-from dockyard.envs.grading import (Grade, copied_unchanged, declares_pytest_plugin, foreign_plugins, harness_failure, new_plugin_name, pytest_grade, read_records,
+from dockyard.envs.grading import (FOREIGN, Grade, copied_unchanged, declares_pytest_plugin, foreign_plugins, harness_failure, new_plugin_name, pytest_grade, read_records,
                                    reward_file,
                                    shadowing_files, task_placed, unchanged_check, verifier_env, verifier_files)
+from dockyard.envs import hand_over
 from dockyard.envs.system_integrity import harness_view
 from dockyard.envs.terminal_tasks import TerminalTask
 from dockyard.sandboxes.base import Sandbox, SandboxError, SandboxSpec
@@ -155,10 +158,19 @@ def verify(task: TerminalTask, sandbox: Sandbox) -> Grade:
     suspicious = shadowing_files(sandbox, placed)
     unchanged = unchanged_check(sandbox, placed)
     wrote, system_notes = system_for_tests(sandbox, suspicious)
+    left = hand_over.take(sandbox, unchanged, wrote)   # before the tests: what they make later is the verifier's
     plugin = new_plugin_name()
     env, notes = verifier_env(sandbox, dict(sandbox.spec.env), ["/tests"], safe_path=True, plugin_autoload=True,
                               plugin=plugin)
     notes = system_notes + notes
+    if left.project:   # uv looks for a project from the verifier's empty HOME instead
+        env["UV_PROJECT"] = env["HOME"]
+        notes.append(f"uv ran the tests without the project of {left.project} (the agent made or changed it): "
+                     "its environment and programs are the agent's")
+    if left.interpreter_pin:   # the first python3 on the tests' PATH (the image's), unless a harness names one
+        env["UV_PYTHON"] = "python3"
+        notes.append(f"uv took python3 from the tests' PATH, not the interpreter {left.interpreter_pin} names (the agent "
+                     "made or changed it)")
     env.update(sandbox.network_env())   # this machine's proxies and CA bundle, where the tests have a network
     with tempfile.TemporaryDirectory() as scratch:
         sandbox.place([(source, target, True) for source, target in task.tests] + verifier_files(Path(scratch), plugin))
@@ -182,15 +194,16 @@ def verify(task: TerminalTask, sandbox: Sandbox) -> Grade:
         reward, why, error = reward_file(sandbox, *task.reward_range)
         if not records and not why.startswith("the tests wrote no"):
             tests_ran = "reward file"
-        foreign = foreign_plugins(records, writable, ["/tests"], trusted, wrote)
+        foreign = foreign_plugins(records, writable, ["/tests"], trusted, wrote, left.made_by_verifier)
         if foreign and not error:   # the reward came from tests an agent's plugin could have rewritten
-            why = error = ("pytest used a plugin, conftest.py or configuration file the agent could have written: "
-                           f"{', '.join(foreign[:5])}")
+            why = error = f"{FOREIGN}: {', '.join(foreign[:5])}"
             reward = 0.0
     else:
         resolved, why, error = pytest_grade(records, problems, bool(_PYTEST_RESULT.search(output)), writable,
-                                            ["/tests"], trusted, wrote)
+                                            ["/tests"], trusted, wrote, left.made_by_verifier)
         reward = 1.0 if resolved else 0.0
+    if error and error.startswith(FOREIGN) and left.distrust:
+        notes.append(f"nothing the tests made in the agent's folders counted as the verifier's: {left.distrust}")
     if not records:   # the harness may have died before its tests: say where, as its output does
         failure = harness_failure(output)
         if failure:
