@@ -90,7 +90,8 @@ class EnrootSandbox(HostFolderSandbox):
         for key, value in env.items():
             command += ["--env", f"{key}={value}"]
         for inside, host in sorted(self.mounts.items()):
-            command += ["--mount", f"{host}:{inside}:x-create=dir,bind" + ("" if self.writable_mount(inside) else ",ro")]
+            create = "file" if inside in self.file_mounts else "dir"
+            command += ["--mount", f"{host}:{inside}:x-create={create},bind" + ("" if self.writable_mount(inside) else ",ro")]
         # enroot start has no working-directory flag: the command starts there itself
         return [*self.user_and_limits(), *command, self.container, "sh", "-c", 'cd "$1" && shift && exec "$@"',
                 "enroot-start", cwd or self.workdir, *argv]

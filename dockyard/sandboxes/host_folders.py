@@ -2,7 +2,8 @@
 
 The sandbox's files live in host folders under one root of its own: the workspace, bound at the task's
 working directory, and one folder per other top-level place files are copied to (`/tests`, `/solution`,
-`/logs`), bound where they belong on every command started after the copy, read-only when copied so.
+`/logs`; a file copied to a top-level path, `COPY data.csv /data.csv`, is bound there on its own), bound
+where they belong on every command started after the copy, read-only when copied so.
 As root that root is a tmpfs sized by `workspace_mb` and `workspace_inodes`, so the agent's files
 together are capped, not only each one. Copies in and out are host copies that never follow a link
 (host_paths.py).
@@ -41,6 +42,7 @@ from dockyard.sandboxes.users import UidLease, uid_range, with_user_entries
 
 FOLDER_PREFIX = "dockyard-sandbox-"
 SYSTEM_FOLDERS = ("/usr", "/etc", "/proc", "/dev", "/tmp", "/bin", "/lib", "/lib64", "/sbin")
+BUILD_HINT = "env.sandbox.task_images: build runs a task on its own image, where its Dockerfile may write anywhere"
 
 _libc = ctypes.CDLL(None, use_errno=True)
 MNT_DETACH = 2
@@ -93,7 +95,8 @@ class HostFolderSandbox(Sandbox):
         self.cgroup: SandboxCgroup | None = None
         self.network: UserNetwork | None = None
         self._namespaces: dict[int, str] = {}      # host pid of a command -> the pid namespace it runs in
-        self.mounts: dict[str, Path] = {}          # top-level inside folder -> host folder
+        self.mounts: dict[str, Path] = {}          # top-level inside folder (or file) -> host folder (or file)
+        self.file_mounts: set[str] = set()         # the mounts that are files (_mount_file)
         self.read_only: set[str] = set()           # mounts the sandbox's user does not own
         self.verifier_owned: set[str] = set()      # read-only mounts handed to the verifier to write (/tests)
         self.user_files: dict[str, Path] = {}      # /etc/passwd, /etc/group with the sandbox's users (as root)
@@ -143,17 +146,35 @@ class HostFolderSandbox(Sandbox):
         self.mounts[inside] = host
         return host
 
-    def _locate(self, inside: str, create: bool, read_only: bool = False) -> tuple[str, Path, str]:
-        """(the mount holding `inside`, its host folder, the path below it)."""
+    def _mount_file(self, inside: str, read_only: bool) -> Path:
+        """A file at a top-level path (`COPY data.csv /data.csv`): bound there on its own, as Docker places
+        it (a folder mount made it a folder holding the file). Its host path, in the sandbox's root."""
+        host = self.host_root / ("file" + inside.replace("/", "_"))
+        if read_only:
+            self.read_only.add(inside)
+        self.mounts[inside] = host
+        self.file_mounts.add(inside)
+        return host
+
+    def _locate(self, inside: str, create: bool, read_only: bool = False,
+                is_file: bool = False) -> tuple[str, Path, str]:
+        """(the mount holding `inside`, its host folder, the path below it); `is_file`: what is copied to
+        `inside` is a file, which gets a mount of its own at a top-level path."""
         inside = os.path.normpath(inside if inside.startswith("/") else os.path.join(self.workdir, inside))
         for mount, host in sorted(self.mounts.items(), key=lambda item: -len(item[0])):
+            if mount in self.file_mounts and inside == mount:
+                return mount, host.parent, host.name
             if inside == mount or inside.startswith(mount + "/"):
                 return mount, host, os.path.relpath(inside, mount)
         if not create:
             raise SandboxError(f"{self.spec.name}: {inside} is not in a folder this sandbox can hand out")
         top = "/" + inside.strip("/").split("/")[0]
         if top in SYSTEM_FOLDERS:
-            raise SandboxError(f"{self.spec.name}: cannot copy into {inside} (a system folder of the sandbox)")
+            raise SandboxError(f"{self.spec.name}: cannot copy into {inside} (a system folder of the sandbox)"
+                               + ("" if self.spec.rootfs else f"; {BUILD_HINT}"))
+        if is_file and inside == top:
+            host = self._mount_file(top, read_only)
+            return top, host.parent, host.name
         return top, self._mount(top, read_only), os.path.relpath(inside, top)
 
     def copy_in(self, source: Path, target: str, read_only: bool = False) -> None:
@@ -161,7 +182,7 @@ class HostFolderSandbox(Sandbox):
         source = Path(source)
         if not source.exists():
             raise SandboxError(f"{self.spec.name}: {source} does not exist (copying it to {target})")
-        mount, host, relative = self._locate(target, create=True, read_only=read_only)
+        mount, host, relative = self._locate(target, create=True, read_only=read_only, is_file=not source.is_dir())
         if read_only and mount not in self.read_only:
             raise SandboxError(f"{self.spec.name}: {target} is in {mount}, which the sandbox can write; "
                                "read-only files need a folder of their own")
@@ -186,7 +207,8 @@ class HostFolderSandbox(Sandbox):
         return [*[m for m in self.mounts if m not in self.read_only], "/tmp", "/dev/shm"]
 
     def writable_host_folders(self) -> dict[str, Path]:
-        return {inside: host for inside, host in self.mounts.items() if inside not in self.read_only}
+        return {inside: host for inside, host in self.mounts.items()
+                if inside not in self.read_only and inside not in self.file_mounts}
 
     def host_ca_bound(self) -> bool:
         """With a network and an image, this machine's CA bundle is bound over the image's."""

@@ -40,7 +40,7 @@ from pathlib import Path
 from dockyard.sandboxes import host_paths
 from dockyard.sandboxes.base import HOST_CA_BUNDLE, Sandbox, SandboxError, SandboxLimits, SandboxSpec
 from dockyard.sandboxes.cgroups import memory_controller
-from dockyard.sandboxes.host_folders import give_verifier_room, mount_tmpfs, unmount
+from dockyard.sandboxes.host_folders import BUILD_HINT, SYSTEM_FOLDERS, give_verifier_room, mount_tmpfs, unmount
 from dockyard.sandboxes.network import UserNetwork
 from dockyard.sandboxes.owners import owner_token
 from dockyard.sandboxes.processes import end_processes, of_uid_range, of_user
@@ -406,6 +406,11 @@ class PodmanSandbox(Sandbox):
         rest = [(Path(s), os.path.normpath(t), r) for s, t, r in entries if (s, t, r) not in direct]
         if not rest:
             return
+        if not self.image and self.image_root is None:   # the host view's /usr and /etc are bound read-only
+            for _, target, _ in rest:
+                if "/" + target.strip("/").split("/")[0] in SYSTEM_FOLDERS:
+                    raise SandboxError(f"{self.spec.name}: cannot copy into {target} (a system folder of the sandbox); "
+                                       f"{BUILD_HINT}")
         if self.image_root is not None:
             self._place_in_root(rest)
             return

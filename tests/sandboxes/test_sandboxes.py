@@ -49,6 +49,24 @@ def test_files_workdir_and_a_clean_environment(sandbox, monkeypatch):
     assert "HOME=/app" in lines
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_file_copied_to_a_top_level_path_is_that_file_as_docker_places_it(backend, tmp_path):
+    # `COPY data.csv /data.csv`: bubblewrap made /data.csv a folder holding data.csv, and the task's tests
+    # that read it failed; the copy out reads the same file back
+    (tmp_path / "data.csv").write_text("a,b\n1,2\n")
+    spec = SandboxSpec(workdir="/app", files=[(tmp_path / "data.csv", "/data.csv"), (tmp_path / "data.csv", "/opt/in/x.csv")])
+    with backend(spec, LIMITS) as box:
+        shown = box.run("test -f /data.csv && cat /data.csv && test -f /opt/in/x.csv && echo nested-too")
+        assert shown.output.splitlines() == ["a,b", "1,2", "nested-too"], shown.output
+        assert box.run("echo 3,4 >> /data.csv").ok   # the agent may change it, as in a container
+        box.copy_out("/data.csv", tmp_path / "back.csv")
+        assert (tmp_path / "back.csv").read_text() == "a,b\n1,2\n3,4\n"
+    # the host view's /etc is this machine's, read-only: named, with the way out (podman said 'read-only file system')
+    with pytest.raises(SandboxError, match=r"cannot copy into /etc/app/x.csv \(a system folder of the sandbox\); "
+                                           r"env.sandbox.task_images: build runs a task on its own image"):
+        backend(SandboxSpec(workdir="/app", files=[(tmp_path / "data.csv", "/etc/app/x.csv")]), LIMITS)
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="as a normal user the commands run as that user, who has a name")
 def test_the_sandboxes_users_have_names_for_whoami_getpass_and_ls(sandbox):
     shown = sandbox.run("whoami; python3 -c 'import getpass, pwd, os; print(getpass.getuser(), "
