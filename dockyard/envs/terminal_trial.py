@@ -167,6 +167,14 @@ def verify(task: TerminalTask, sandbox: Sandbox) -> Grade:
         env["UV_PROJECT"] = env["HOME"]
         notes.append(f"uv ran the tests without the project of {left.project} (the agent made or changed it): "
                      "its environment and programs are the agent's")
+    disabled = hand_over.disable_start_hooks(left)
+    if disabled:
+        notes.append(f"start-up hooks the agent left were made unreadable for the tests (Python would run them in "
+                     f"any interpreter whose path holds them): {', '.join(disabled[:5])}")
+    if left.environment:   # a fresh one of the verifier's
+        env["UV_PROJECT_ENVIRONMENT"] = f"{env['HOME']}/project-environment"
+        notes.append(f"uv kept the tests' project environment in {env['UV_PROJECT_ENVIRONMENT']}, not in "
+                     f"{left.environment} (the agent made or changed it)")
     if left.interpreter_pin:   # the first python3 on the tests' PATH (the image's), unless a harness names one
         env["UV_PYTHON"] = "python3"
         notes.append(f"uv took python3 from the tests' PATH, not the interpreter {left.interpreter_pin} names (the agent "

@@ -13,7 +13,8 @@ SITE = ".tbench-testing/lib/python3.11/site-packages"
 
 def _sandbox(workspace: Path):
     # hand_over.take reads only where the sandbox keeps the agent's folders on this machine
-    return SimpleNamespace(writable_host_folders=lambda: {"/app": workspace}, workdir="/app")
+    return SimpleNamespace(writable_host_folders=lambda: {"/app": workspace}, workdir="/app",
+                           spec=SimpleNamespace(rootfs=None))
 
 
 def _write(path: Path, text: str = "x\n") -> Path:
@@ -100,3 +101,28 @@ def test_a_walk_cut_short_means_nothing_made_later_is_trusted(tmp_path):
     _install(tmp_path / SITE, "pytest", ["_pytest/main.py"])
     assert "could not be read whole" in left.distrust
     assert not left.made_by_verifier(f"/app/{SITE}/_pytest/main.py")
+
+
+def test_start_up_hooks_the_agent_left_are_found_and_made_unreadable(tmp_path):
+    site = tmp_path / ".venv" / "lib" / "python3.11" / "site-packages"
+    _write(site / "zz_forge.pth", "import os; os.system('true')\n")
+    _write(site / "paths.pth", "/app/src\n")                    # only adds a folder to sys.path
+    _write(tmp_path / "lib" / "sitecustomize.py", "import os\n")
+    _write(tmp_path / "notes" / "evil.pth", "import os\n")      # not in a site folder: Python never reads it
+    left = hand_over.take(_sandbox(tmp_path), lambda path: False)
+    assert left.start_hooks == ("/app/.venv/lib/python3.11/site-packages/zz_forge.pth", "/app/lib/sitecustomize.py")
+    assert hand_over.disable_start_hooks(left) == list(left.start_hooks)
+    info = (site / "zz_forge.pth").stat()
+    assert (info.st_uid, info.st_mode & 0o7777) == (0, 0) and (site / "paths.pth").stat().st_mode & 0o444
+
+
+def test_a_project_environment_is_the_agents_unless_it_is_the_images_as_built(tmp_path):
+    workspace, image = tmp_path / "workspace", tmp_path / "image"
+    _write(workspace / ".venv" / "pyvenv.cfg", "home = /usr/bin\n")
+    sandbox = SimpleNamespace(writable_host_folders=lambda: {"/app": workspace}, workdir="/app",
+                              spec=SimpleNamespace(rootfs=str(image)))
+    assert hand_over.take(sandbox, lambda path: False).environment == "/app/.venv"   # the image has none
+    _write(image / "app" / ".venv" / "pyvenv.cfg", "home = /usr/bin\n")
+    assert hand_over.take(sandbox, lambda path: False).environment is None          # the image's, as built
+    _write(workspace / ".venv" / "lib" / "x.pth", "import os\n")
+    assert hand_over.take(sandbox, lambda path: False).environment == "/app/.venv"   # changed
