@@ -177,8 +177,7 @@ def _found_above(sandbox: Sandbox, folders: dict[str, Path], name: str, left_as_
     folder = os.path.normpath(sandbox.workdir or "/")
     while True:
         candidate = os.path.join(folder, name)
-        host = next((Path(h, os.path.relpath(candidate, m)) for m, h in folders.items()
-                     if candidate.startswith(m.rstrip("/") + "/")), None)
+        host = _host_path(folders, candidate)
         if host is not None:
             if os.path.lexists(host):
                 return None if left_as_placed(candidate) else candidate
