@@ -68,6 +68,12 @@ def podman_command(*args: str, timeout: float = 120, check: bool = True,
     return result
 
 
+def _parents(path: str) -> list[str]:
+    """The folders above a path, the top one first: /a/b/c.txt -> /a, /a/b."""
+    parts = path.strip("/").split("/")[:-1]
+    return ["/" + "/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
 def _q(path: str) -> str:
     return shlex.quote(path)
 
@@ -108,6 +114,7 @@ class PodmanSandbox(Sandbox):
         self.image_root: ImageRoot | None = None
         self.init_pid: int | None = None
         self.container_pids: set[int | None] = set()   # root inside: the container's init and main process
+        self.made_folders: list[str] = []   # folders a copy made outside the workspace, the sandbox user's (place)
         try:
             if self.root_inside:
                 self.lease, self.namespace = root_lease(spec, config)
@@ -369,6 +376,9 @@ class PodmanSandbox(Sandbox):
     def writable_host_folders(self) -> dict[str, Path]:
         return {self.workdir: self.workspace} if self.workspace is not None else {}
 
+    def agent_writable(self) -> list[str]:
+        return [*super().agent_writable(), *self.made_folders]
+
     def _in_workspace(self, inside: str) -> str | None:
         """The path below the working directory, when `inside` is there and it is a host folder."""
         if self.workspace is None:
@@ -414,6 +424,12 @@ class PodmanSandbox(Sandbox):
         if self.image_root is not None:
             self._place_in_root(rest)
             return
+        # the folders the copy makes for a writable file are the sandbox user's, as bubblewrap's are: in
+        # Docker they are root's, and the agent is root there (a solution writes next to its input)
+        parents = sorted({folder for _, target, read_only in rest if not read_only for folder in _parents(target)}
+                         - {folder for _, target, read_only in rest if read_only for folder in _parents(target)})
+        made = self._exec_root(f"for d in {' '.join(_q(p) for p in parents)}; do [ -e \"$d\" ] || echo \"$d\"; done"
+                               ).stdout.decode(errors="replace").splitlines() if parents else []
         archive = io.BytesIO()
         with tarfile.open(fileobj=archive, mode="w") as tar:
             for source, target, _ in rest:
@@ -421,7 +437,9 @@ class PodmanSandbox(Sandbox):
                     raise SandboxError(f"{self.spec.name}: {source} does not exist (copying it to {target})")
                 tar.add(source, arcname=target.lstrip("/"))
         podman_command("cp", "-", f"{self.name}:/", input=archive.getvalue())
-        fixes = []
+        fixes = [f"chown {self.inside_uid}:{self.inside_uid} {_q(folder)}" for folder in made if folder]
+        if self.role != "verifier":   # made for the verifier after the hand-over, they are its own
+            self.made_folders += [folder for folder in made if folder and os.path.dirname(folder) not in made]
         for _, target, read_only in rest:
             fixes.append(f"chown -R 0:0 {_q(target)} && chmod -R a+rX,go-w {_q(target)}" if read_only
                          else f"chown -R {self.inside_uid}:{self.inside_uid} {_q(target)}")

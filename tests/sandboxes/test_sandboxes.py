@@ -50,7 +50,7 @@ def test_files_workdir_and_a_clean_environment(sandbox, monkeypatch):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_a_file_copied_to_a_top_level_path_is_that_file_as_docker_places_it(backend, tmp_path):
+def test_copied_files_land_as_docker_places_them_and_a_solution_may_write_beside_them(backend, tmp_path):
     # `COPY data.csv /data.csv`: bubblewrap made /data.csv a folder holding data.csv, and the task's tests
     # that read it failed; the copy out reads the same file back
     (tmp_path / "data.csv").write_text("a,b\n1,2\n")
@@ -58,6 +58,9 @@ def test_a_file_copied_to_a_top_level_path_is_that_file_as_docker_places_it(back
     with backend(spec, LIMITS) as box:
         shown = box.run("test -f /data.csv && cat /data.csv && test -f /opt/in/x.csv && echo nested-too")
         assert shown.output.splitlines() == ["a,b", "1,2", "nested-too"], shown.output
+        # a solution writes next to its input, as root does in Docker (podman's made folders were root's)
+        assert box.run("echo out > /opt/in/out.csv && cat /opt/in/out.csv").output.strip() == "out"
+        assert any(folder == "/opt" for folder in box.agent_writable())   # and the tests' PATH leaves it out
         assert box.run("echo 3,4 >> /data.csv").ok   # the agent may change it, as in a container
         box.copy_out("/data.csv", tmp_path / "back.csv")
         assert (tmp_path / "back.csv").read_text() == "a,b\n1,2\n3,4\n"
