@@ -5,10 +5,12 @@ The order matters for honesty (grading.py has the rest): the sandbox is handed o
 agent's shells closed, every process it started gone for certain, the workspace the verifier's
 user's); the tests are copied only then, into /tests (then the verifier's to write, as published test
 scripts expect; only the task's own files there count as pytest plugins or conftests), with a fresh
-/logs/verifier of the verifier's, and they run in the verifier's environment, with what the agent left that would
-steer uv (its project, an interpreter pin) turned off (hand_over.py); the grade is read once every process they
-started is gone, and a plugin pytest loaded from the agent's folders counts as the verifier's only if the tests
-made it there after the hand-over (hand_over.py: a harness's own environment). With `grading: fresh_sandbox` (an extra key of terminal_bench) the tests run in a
+/logs/verifier of the verifier's, and they run in the verifier's environment, with what the agent left
+that would steer uv (its project, its .venv, an interpreter pin) turned off and its Python start-up
+hooks unreadable (hand_over.py); the grade is read once every process they started is gone, and a plugin
+pytest loaded from the agent's folders counts as the verifier's only if the tests made it there after
+the hand-over (a harness's own environment). With `grading: fresh_sandbox` (an extra key of
+terminal_bench) the tests run in a
 new sandbox built from the task that receives only the agent's workspace. The oracle agent alone gets
 the task's solution, in /solution, read-only.
 """
