@@ -59,10 +59,11 @@ def checkpoint_weights_folder(path: str | Path) -> Path:
         raise ModelNotFoundError(f"{folder} is a checkpoint_dir (it holds latest_checkpointed_iteration.txt); "
                                  "name one step folder inside it, e.g. " + str(folder / "step_<N>"))
     weights = any((folder / name).is_file() for name in ("dcp/.metadata", "dist_ckpt/metadata.json",
-                                                          "hf/model.safetensors"))
+                                                          "orbax/params/_CHECKPOINT_METADATA", "hf/model.safetensors"))
     if not (folder / "trainer_state.json").is_file() or not weights:
         raise ModelNotFoundError(f"{folder} is not a complete dockyard checkpoint (needs trainer_state.json "
-                                 "and dcp/.metadata (dtensor) or dist_ckpt/metadata.json (megatron), or "
+                                 "and dcp/.metadata (dtensor), dist_ckpt/metadata.json (megatron) or "
+                                 "orbax/params/_CHECKPOINT_METADATA (jax), or "
                                  "hf/model.safetensors from a save_state: false run)")
     return folder
 

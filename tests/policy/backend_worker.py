@@ -4,7 +4,7 @@ only, and writes (rank 0) to OUT: the logprobs before training, each step's figu
 after, the serving weights, and the logprobs of a fresh policy that resumed from the checkpoint
 saved after step 1 and trained step 2 again (exact resume), and of a reference loaded from it.
 
-    python tests/policy/backend_worker.py --backend megatron --model DIR --out FILE [--tp 2] [--set K=V ...]
+    python tests/policy/backend_worker.py --backend megatron|dtensor|jax --model DIR --out FILE [--tp 2] [--set K=V ...]
 """
 
 import argparse
@@ -95,10 +95,14 @@ def main() -> None:
     reference = build(trainable=False)
     reference.load_weights(saved)
     reference_logprobs = reference.logprobs(samples)
+    # jax: how the mesh split one column-parallel and one row-parallel weight (shapes per device)
+    shards = {name: sorted(tuple(s.data.shape) for s in policy.params[name].addressable_shards)
+              for name in ("model.layers.0.mlp.up_proj.weight", "model.layers.0.self_attn.o_proj.weight")} \
+        if args.backend == "jax" else None
     if world.is_main:
         torch.save({"before": before, "steps": steps, "after": after, "serving": serving, "again": again, "after_one": after_one,
                     "resumed_after": resumed_after, "reference": reference_logprobs,
-                    "hf_export": str(saved / "hf")}, args.out)
+                    "hf_export": str(saved / "hf"), "shards": shards}, args.out)
     dist.barrier()
     dist.destroy_process_group()
     os._exit(0)

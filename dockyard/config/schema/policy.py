@@ -41,6 +41,24 @@ class DTensorConfig(Section):
     activation_checkpointing: bool = field(False, "Recompute activations in backward to save memory.")
 
 
+class JaxMesh(Section):
+    data: PositiveInt = field(1, "Devices the batch is split over (the mesh's `data` axis).",
+                              "data x model devices must exist: GPUs, or host devices on CPU.")
+    model: PositiveInt = field(1, "Devices each weight matrix is split over (the `model` axis): attention "
+                               "heads and MLP width as Megatron's column / row split, the vocabulary for the "
+                               "embedding and LM head.", "Must divide the model's heads, MLP width and vocabulary.")
+
+
+class JaxConfig(Section):
+    mesh: JaxMesh = field(JaxMesh, "The trainer's device mesh (jax.sharding), data x model devices.",
+                          "On CPU, data x model host devices are made (--xla_force_host_platform_device_count).")
+    remat: bool = field(False, "Recompute each decoder layer's activations in the backward pass (jax.checkpoint) "
+                        "to save memory.")
+    compilation_cache_dir: Optional[str] = field(
+        "auto", "Persistent XLA compilation cache: a requeued or repeated run reuses the compiled steps; "
+        "auto puts it under checkpointing.checkpoint_dir/jax_compilation_cache; null turns it off.")
+
+
 class MegatronConfig(OpenSection):
     """Forwarded to megatron-core's TransformerConfig / DDP / optimizer configs; any upstream field
     can be added by name."""
@@ -194,7 +212,9 @@ class PolicyConfig(Section):
     dtensor_cfg: DTensorConfig = field(DTensorConfig, "Parallelism of the dtensor (FSDP2) backend.")
     megatron_cfg: Optional[MegatronConfig] = field(None, "megatron-core settings (backend: megatron).",
                                                    "Required when backend is megatron.")
-    jax_cfg: dict[str, object] = field({}, "JAX backend settings (backend: jax), forwarded as is.")
+    jax_cfg: JaxConfig = field(JaxConfig, "JAX (Flax NNX) backend settings (backend: jax).",
+                               "Read only when backend is jax; set away from its defaults otherwise, it is "
+                               "refused.")
     optimizer: OptimizerConfig = field(OptimizerConfig, "Optimizer.")
     scheduler: SchedulerConfig = field(SchedulerConfig, "Learning-rate schedule.")
     lora: LoraConfig = field(LoraConfig, "Low-rank adaptation.")

@@ -1,0 +1,60 @@
+"""What of an HF decoder's config (Llama, Qwen2, Qwen3) decides a backend's own model: the megatron
+and JAX backends build their models from it instead of from transformers' classes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dockyard.policy.samples import PolicySetupError
+
+FAMILIES = ("llama", "qwen2", "qwen3")
+
+
+@dataclass(frozen=True)
+class DecoderShape:
+    """What of an HF config decides a backend model's structure and its weights' layout."""
+
+    family: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    norm_eps: float
+    rope_theta: float
+    max_positions: int
+    tied: bool
+    qkv_bias: bool
+    qk_norm: bool
+
+    @classmethod
+    def of(cls, config: dict, name: str, backend: str = "megatron") -> "DecoderShape":
+        family = config.get("model_type")
+        if family not in FAMILIES:
+            raise PolicySetupError(f"policy.backend {backend}: {name} is a {family!r} model; the {backend} weight "
+                                   f"converter knows the {', '.join(FAMILIES)} families")
+        rope = config.get("rope_parameters") or {}
+        scaling = rope.get("rope_type", "default") if rope else (config.get("rope_scaling") or {}).get("rope_type",
+                                                                                                     "default")
+        if scaling not in ("default", None):
+            raise PolicySetupError(f"policy.backend {backend}: {name} uses {scaling!r} RoPE scaling, which the {backend} "
+                                   "backend does not build yet; use the dtensor backend")
+        heads = config["num_attention_heads"]
+        return cls(family=family, layers=config["num_hidden_layers"], hidden=config["hidden_size"], heads=heads,
+                   kv_heads=config.get("num_key_value_heads") or heads,
+                   head_dim=config.get("head_dim") or config["hidden_size"] // heads,
+                   ffn=config["intermediate_size"], vocab=config["vocab_size"], norm_eps=config["rms_norm_eps"],
+                   rope_theta=rope.get("rope_theta", config.get("rope_theta", 10000.0)),
+                   max_positions=config.get("max_position_embeddings", 4096),
+                   tied=bool(config.get("tie_word_embeddings", False)),
+                   qkv_bias=family == "qwen2" or bool(config.get("attention_bias", False)),
+                   qk_norm=family == "qwen3")
+
+    def check_split(self, tp: int, name: str) -> None:
+        for what, count in (("key/value heads", self.kv_heads), ("attention heads", self.heads),
+                            ("MLP width", self.ffn), ("vocabulary", self.vocab)):
+            if count % tp:
+                raise PolicySetupError(f"policy.megatron_cfg.tensor_model_parallel_size {tp}: {name} has {count} "
+                                       f"{what}, which {tp} ranks cannot split evenly")
