@@ -12,7 +12,6 @@ from dockyard.config.schema import MasterConfig
 # path it is refused by. A field under one of them needs no reader of its own.
 GATED = {
     "policy.megatron_cfg.": ("policy.backend=megatron policy.megatron_cfg={}", "policy.backend"),
-    "policy.jax_cfg": ("policy.backend=jax policy.jax_cfg={}", "policy.backend"),
     "policy.generation.router.": ("policy.generation.router.proxy_timeout_s=5", "policy.generation.router"),
     "grpo.rollout_data_path": ("grpo.run_mode=train_only", "grpo.run_mode"),
     "data_plane.": ("+data_plane.buffer_size=8", "data_plane"),

@@ -52,9 +52,11 @@ class DecoderShape:
                    qkv_bias=family == "qwen2" or bool(config.get("attention_bias", False)),
                    qk_norm=family == "qwen3")
 
-    def check_split(self, tp: int, name: str) -> None:
+    def check_split(self, tp: int, name: str, setting: str = "policy.megatron_cfg.tensor_model_parallel_size",
+                    devices: str = "ranks") -> None:
+        """Heads, MLP width and vocabulary split evenly over `tp` tensor-parallel `devices` (`setting`)."""
         for what, count in (("key/value heads", self.kv_heads), ("attention heads", self.heads),
                             ("MLP width", self.ffn), ("vocabulary", self.vocab)):
             if count % tp:
-                raise PolicySetupError(f"policy.megatron_cfg.tensor_model_parallel_size {tp}: {name} has {count} "
-                                       f"{what}, which {tp} ranks cannot split evenly")
+                raise PolicySetupError(f"{setting} {tp}: {name} has {count} {what}, which {tp} {devices} cannot "
+                                       "split evenly")

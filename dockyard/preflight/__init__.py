@@ -54,7 +54,7 @@ def model_problems(cfg: MasterConfig) -> tuple[list[Problem], int]:
     """Every model, tokenizer and checkpoint folder the run reads; and the policy's parameter count."""
     from dockyard.model_files import check_model_folder
     from dockyard.preflight.model_folders import (check_checkpoint_step, check_generation_tensor_parallel,
-                                                  check_megatron_model, check_resume,
+                                                  check_jax_model, check_megatron_model, check_resume,
                                                   check_tensor_parallel_plan, check_tokenizer)
 
     problems, parameters = check_model_folder("policy.model_name", cfg.policy.model_name)
@@ -69,6 +69,8 @@ def model_problems(cfg: MasterConfig) -> tuple[list[Problem], int]:
         problems += check_tensor_parallel_plan(cfg.policy.model_name, tensor_parallel)
     if not problems and cfg.policy.backend == "megatron" and cfg.policy.megatron_cfg is not None:
         problems += check_megatron_model(cfg)
+    if not problems and cfg.policy.backend == "jax":
+        problems += check_jax_model(cfg)
     server_tp = server_tensor_parallel(cfg)
     if not problems and server_tp:
         problems += check_generation_tensor_parallel(*server_tp[:1], cfg.policy.model_name, *server_tp[1:])

@@ -49,9 +49,16 @@ def unsupported(cfg: MasterConfig) -> list[Problem]:
         problems.append(Problem("policy.generation.allow_multimodal_inputs", "the GRPO loop does not train on "
                                 "image inputs yet: its datasets carry no images and the policy's logprobs "
                                 "would ignore them; turn it off"))
-    problems += _distillation(cfg) + _sft(cfg) + _unbuilt_settings(cfg) + _megatron(cfg)
+    problems += _distillation(cfg) + _sft(cfg) + _unbuilt_settings(cfg) + _megatron(cfg) + _jax(cfg)
     problems += _agent_setup(cfg) if not problems else []
     return problems
+
+
+def _jax(cfg: MasterConfig) -> list[Problem]:
+    """What the jax backend does not build yet; jax_cfg set for another backend."""
+    from dockyard.policy.jax.settings import unbuilt
+
+    return unbuilt(cfg)
 
 
 def _megatron(cfg: MasterConfig) -> list[Problem]:

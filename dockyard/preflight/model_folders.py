@@ -78,6 +78,28 @@ def check_megatron_model(cfg) -> list[Problem]:
     return []
 
 
+def check_jax_model(cfg) -> list[Problem]:
+    """The JAX decoder knows the policy model's family, and its heads, MLP and vocabulary split over the
+    mesh's `model` axis."""
+    import json
+
+    from dockyard.models import model_folder
+    from dockyard.policy.decoder_shape import DecoderShape
+    from dockyard.policy.samples import PolicySetupError
+
+    path = cfg.policy.model_name
+    try:
+        folder = model_folder(path)
+        shape = DecoderShape.of(json.loads((folder / "config.json").read_text()), str(folder), "jax")
+        shape.check_split(cfg.policy.jax_cfg.mesh.model, str(folder), "policy.jax_cfg.mesh.model", "devices")
+    except PolicySetupError as err:
+        field, _, message = str(err).partition(": ")
+        return [Problem("policy.model_name" if field == "policy.backend jax" else field, message)]
+    except (OSError, ValueError, KeyError) as err:   # config.json problems are reported by check_model_folder
+        return [Problem("policy.model_name", f"{path}: its config does not describe a decoder: {err}")]
+    return []
+
+
 def check_generation_tensor_parallel(field: str, path: str, size: int, note: str = "") -> list[Problem]:
     """A generation server's tensor-parallel `size` splits the model's attention heads as vLLM and
     SGLang require (heads divisible by it; key/value heads divisible by it, or it by them): refused

@@ -152,12 +152,21 @@ def megatron_field_of_the_wrong_type(tmp, model):
                 "policy.megatron_cfg: megatron-core's TransformerConfig refused recompute_granularity")
 
 
+def jax_on_two_trainer_ranks(tmp, model):
+    return Case(["policy.backend=jax"], "cluster: the jax backend runs in one trainer process in this version")
+
+
+def jax_mesh_that_does_not_split_the_model(tmp, model):
+    return Case(["policy.backend=jax", "cluster.num_nodes=2", "policy.jax_cfg.mesh.model=3"],
+                f"policy.jax_cfg.mesh.model 3: {tmp}/model has 2 key/value heads, which 3 devices cannot split evenly")
+
+
 CASES = [missing_dataset, broken_jsonl_line, unreadable_parquet, missing_input_column, slice_out_of_range,
          validation_set_missing_labels, generator_that_does_not_build, model_config_not_json, truncated_safetensors,
          sharded_index_missing_a_shard, tokenizer_that_does_not_load, chat_template_that_does_not_render,
          incomplete_resume_step, pointer_to_an_incomplete_step, checkpoint_dir_is_a_file, log_dir_inside_a_file,
          sft_conversation_without_a_reply, model_of_a_run_not_trained_yet, megatron_field_no_upstream_class_has,
-         megatron_field_of_the_wrong_type]
+         megatron_field_of_the_wrong_type, jax_on_two_trainer_ranks, jax_mesh_that_does_not_split_the_model]
 
 
 @pytest.fixture

@@ -364,3 +364,28 @@ def test_validation_samples_at_eval_temperature(loop_run, tmp_path):
         responses[value] = [json.loads(row)["response"] for row in rows]
     assert len(responses["0.0"]) == len(responses["null"]) == 8
     assert responses["0.0"] != responses["null"]
+
+
+def test_a_jax_run_trains_refits_its_engine_and_resumes_bitwise(tiny_model, tmp_path):
+    """The jax backend through `dockyard run`: one trainer process (2 host devices, data x model = 1 x 2),
+    its weights refitted to the engine every step, orbax steps, the same command resumed from step 2
+    ending bitwise where an uninterrupted run ends, with the compiled steps in the persistent cache."""
+    jax_run = ("policy.backend=jax", "cluster.num_nodes=2", "policy.jax_cfg.mesh.model=2",
+               "checkpointing.save_period=2", "checkpointing.export_hf=true")
+    straight = run(tmp_path / "straight", tiny_model, "grpo.max_num_steps=4", *jax_run)
+    assert straight.returncode == 0, straight.stdout
+    assert "dockyard: jax trainer mesh: 1 data x 2 model = 2 cpu device(s) in one process" in straight.stdout
+    assert "refit of generation server (embedded)" in straight.stdout and "step 4:" in straight.stdout
+    first = run(tmp_path / "requeued", tiny_model, "grpo.max_num_steps=2", *jax_run)
+    assert first.returncode == 0, first.stdout
+    second = run(tmp_path / "requeued", tiny_model, "grpo.max_num_steps=4", *jax_run)
+    assert second.returncode == 0, second.stdout
+    assert "resumed from runs/grpo_tiny/checkpoints/step_2 (step 2)" in second.stdout
+    checkpoints = [folder / "runs" / "grpo_tiny" / "checkpoints" for folder in (tmp_path / "straight",
+                                                                               tmp_path / "requeued")]
+    assert json.loads((checkpoints[1] / "step_2" / "trainer_state.json").read_text())["contents"]["format"] == "orbax"
+    ends = [load_file(str(folder / "step_4" / "hf" / "model.safetensors")) for folder in checkpoints]
+    initial = load_file(str(tiny_model / "model.safetensors"))
+    assert set(ends[0]) == set(initial) and any(not torch.equal(ends[0][k], initial[k]) for k in initial)
+    assert all(torch.equal(ends[0][k], ends[1][k]) for k in initial)
+    assert any((checkpoints[1] / "jax_compilation_cache").iterdir())

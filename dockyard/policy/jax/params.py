@@ -65,16 +65,6 @@ class Weights:
     def shardings(self, mesh: Mesh) -> dict[str, NamedSharding]:
         return {name: NamedSharding(mesh, self.spec(name)) for name in self.names}
 
-    def check_split(self, model_axis: int, folder: str) -> None:
-        """Every split weight divides evenly over the `model` axis (heads, MLP width, vocabulary)."""
-        if model_axis == 1:
-            return
-        for what, count in (("key/value heads", self.shape.kv_heads), ("attention heads", self.shape.heads),
-                            ("MLP width", self.shape.ffn), ("vocabulary", self.shape.vocab)):
-            if count % model_axis:
-                raise PolicySetupError(f"policy.jax_cfg.mesh.model {model_axis}: {folder} has {count} {what}, "
-                                       f"which {model_axis} devices cannot split evenly")
-
 
 def hf_tensors(folder: Path) -> dict[str, np.ndarray]:
     """An HF folder's safetensors weights as float32 numpy arrays (bf16 files included)."""

@@ -7,12 +7,14 @@ devices made by XLA (--xla_force_host_platform_device_count, set before JAX star
 XLA partitions each jitted step over the mesh from the weights' and the batch's shardings (GSPMD):
 the `model` axis splits heads, MLP width and vocabulary as Megatron does, the `data` axis the rows.
 
-Shapes are bucketed (rows to a power of two, widths to multiples of 64 / 16) so that a run compiles a
+Shapes are bucketed (rows to multiples of 8, widths to multiples of 64 / 16) so that a run compiles a
 handful of step programs, which the persistent compilation cache keeps across requeues."""
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 import sys
 import time
@@ -33,19 +35,24 @@ from dockyard.policy.jax.settings import unbuilt
 from dockyard.policy.samples import PolicySetupError, Sample, TrainingInterrupted, lr_factor, plan_micro_batches
 
 FORMAT = "orbax"
-LAYOUT = "jax_layout.json"   # beside orbax/: the mesh that wrote it (informative: orbax reshards on load)
+LAYOUT = "jax_layout.json"
+_WIDTH, _RESPONSES = 64, 16   # sequence and response widths are padded to multiples of these   # beside orbax/: the mesh that wrote it (informative: orbax reshards on load)
 
 
 def _start_jax(devices: int, platform: str):
     """JAX with at least `devices` devices. On CPU the host devices are made when JAX starts its backend,
     so the flag must be in XLA_FLAGS before that; a process whose JAX started already keeps its count."""
     if platform == "cpu":
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")
         flags = os.environ.get("XLA_FLAGS", "")
         if "--xla_force_host_platform_device_count" not in flags:
             os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={devices}".strip()
     import jax
 
+    if platform == "cpu":
+        # not JAX_PLATFORMS: transformers may have imported JAX (and read its environment) already
+        jax.config.update("jax_platforms", "cpu")
+    # orbax logs every array it writes at INFO through absl
+    logging.getLogger("absl").setLevel(logging.WARNING)
     available = jax.devices()
     if len(available) < devices:
         raise PolicySetupError(f"policy.jax_cfg.mesh: data x model = {devices} devices, and this process's JAX has "
@@ -61,9 +68,8 @@ def _bucket(n: int, step: int) -> int:
 
 
 def _rows_bucket(n: int, data: int) -> int:
-    """Rows padded to a power of two (few compiled shapes), and to a multiple of the data axis."""
-    rows = 1 << max(0, (n - 1).bit_length())
-    return _bucket(rows, data)
+    """Rows padded to a multiple of 8 (few compiled shapes) and of the data axis."""
+    return _bucket(n, math.lcm(8, data))
 
 
 class JaxPolicy(Policy):
@@ -92,7 +98,7 @@ class JaxPolicy(Policy):
         self.folder = model_folder(model_path or policy.model_name)
         self.shape = DecoderShape.of(json.loads((self.folder / "config.json").read_text()), str(self.folder), "jax")
         self.weights = Weights(self.shape, remat=settings.remat and trainable)
-        self.weights.check_split(model, str(self.folder))
+        self.shape.check_split(model, str(self.folder), "policy.jax_cfg.mesh.model", "devices")
         self.shardings = self.weights.shardings(self.mesh)
         self.params = self._placed(self.weights.from_hf(hf_tensors(self.folder), str(self.folder)))
         self.compute_dtype = jax.numpy.bfloat16 if policy.precision == "bf16" else jax.numpy.float32
@@ -161,8 +167,8 @@ class JaxPolicy(Policy):
         """Right-padded rows (each sequence from position 0; padding keys hidden), and for each sample its
         response tokens as a right-aligned [rows, R] block: the position predicting each, and the token."""
         rows = _rows_bucket(len(samples), self.data)
-        width = _bucket(max(len(s.token_ids) for s in samples), 64)
-        responses = _bucket(max(1, max(s.response_length for s in samples)), 16)
+        width = _bucket(max(len(s.token_ids) for s in samples), _WIDTH)
+        responses = _bucket(max(1, max(s.response_length for s in samples)), _RESPONSES)
         ids = np.zeros((rows, width), np.int32)
         real = np.zeros((rows, width), bool)
         where = np.zeros((rows, responses), np.int32)
@@ -221,8 +227,10 @@ class JaxPolicy(Policy):
         return out
 
     def _micro_batches(self, samples: list[Sample], micro_size: int) -> list[list[int]]:
+        """As the torch backends plan them, with each length counted as its padded width: the token budget
+        bounds the rows a step program really computes."""
         budget = self.config.policy.dynamic_batching
-        return plan_micro_batches([len(s.token_ids) for s in samples], micro_size,
+        return plan_micro_batches([_bucket(len(s.token_ids), _WIDTH) for s in samples], micro_size,
                                   budget.max_tokens_per_gpu if budget.enabled else None)
 
     # --- training -----------------------------------------------------------------------------
