@@ -206,3 +206,23 @@ def test_a_mesh_larger_than_the_started_jax_is_refused_by_name():
     assert result.returncode != 0
     assert "PolicySetupError: policy.jax_cfg.mesh: data x model = 4 devices, and this process's JAX has 2 (cpu)" \
         in result.stderr
+
+
+@pytest.mark.parametrize("remat", [True, False])
+def test_remat_recomputes_each_decoder_layer_in_the_backward_pass(tiny_model, remat):
+    import jax.numpy as jnp
+    import numpy as np
+
+    from dockyard.policy.jax.params import Weights, hf_tensors
+
+    shape = DecoderShape.of(json.loads((tiny_model / "config.json").read_text()), str(tiny_model), "jax")
+    weights = Weights(shape, remat=remat)
+    params = weights.from_hf(hf_tensors(tiny_model), str(tiny_model))
+    ids, positions = np.zeros((1, 8), np.int32), np.arange(8, dtype=np.int32)[None]
+    allowed = np.tril(np.ones((8, 8), bool))[None]
+
+    def total(params):
+        return weights.model(params).hidden_states(ids, positions, allowed, jnp.float32).sum()
+
+    program = str(jax.make_jaxpr(jax.grad(total))(params))
+    assert (program.count("remat") + program.count("checkpoint") >= shape.layers) == remat

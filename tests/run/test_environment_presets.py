@@ -1,4 +1,5 @@
-"""The local presets of the config family's environments (swe single shot and agentic, swe_pro,
+"""The local presets of the config family's environments (swe single shot and agentic, swe on the jax
+backend, swe_pro,
 program_bench, hle, gpqa, gdpval single shot and agentic) each train a step in this process (loop_run): the tiny model's
 replies go through the environment's own prompts, sandboxes and scoring, and every trajectory is
 scored without an error."""
@@ -20,6 +21,7 @@ PRESETS = {   # each preset's own task paths (tasks/... from the run's folder), 
     "grpo_swe_local.yaml": (),
     "grpo_swe_local.yaml+agent": ("env.agent=tool_calling", "grpo.max_rollout_turns=2", "+env.tool_format=plain",
                                   "data.datasets.0.input_key=problem_statement"),   # the agent reads the code itself
+    "grpo_swe_jax_local.yaml": (),   # the jax trainer backend, its layers recomputed (jax_cfg.remat)
     "grpo_swe_pro_local.yaml": ("policy.dtensor_cfg.context_parallel_size=1", "cluster.cpu_ranks_per_node=1"),
     "grpo_program_bench_local.yaml": (),
     "grpo_hle_local.yaml": (),
