@@ -27,8 +27,8 @@ WORKER = Path(__file__).with_name("backend_worker.py")
 MESH_2X2 = ("--set", "policy.jax_cfg.mesh.data=2", "--set", "policy.jax_cfg.mesh.model=2")
 
 
-def launch(out: Path, *args: str) -> dict:
-    launch_world(1, [str(WORKER), "--out", str(out), *args], 300)
+def launch(out: Path, *args: str, processes: int = 1) -> dict:
+    launch_world(processes, [str(WORKER), "--out", str(out), *args], 300)
     return torch.load(out, weights_only=False)
 
 
@@ -40,6 +40,10 @@ def runs(tiny_model, tiny_tied_model, tiny_qwen3_model, tmp_path_factory):
         for backend in ("dtensor", "jax"):
             results[(backend, name)] = launch(root / f"{backend}-{name}.pt", "--backend", backend, "--model", str(model))
     results[("jax-2x2", "llama")] = launch(root / "mesh.pt", "--backend", "jax", "--model", str(tiny_model), *MESH_2X2)
+    # two processes in one JAX world (jax.distributed, gloo), each training its half of the samples
+    results[("jax-2-processes", "llama")] = launch(root / "processes.pt", "--backend", "jax", "--model",
+                                                   str(tiny_model), "--set", "policy.jax_cfg.mesh.data=2",
+                                                   processes=2)
     step = root / "mesh.pt.checkpoints" / "step_1"
     cut = Path(shutil.copytree(step, root / "cut" / "step_1"))
     shard = max((cut / "orbax" / "params").rglob("*"), key=lambda p: p.stat().st_size if p.is_file() else 0)
@@ -54,7 +58,8 @@ def max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return max(float((x - y).abs().max()) for x, y in zip(a, b))
 
 
-@pytest.mark.parametrize("world, model", [("jax", "llama"), ("jax", "tied"), ("jax", "qwen3"), ("jax-2x2", "llama")])
+@pytest.mark.parametrize("world, model", [("jax", "llama"), ("jax", "tied"), ("jax", "qwen3"), ("jax-2x2", "llama"),
+                                          ("jax-2-processes", "llama")])
 def test_jax_matches_dtensor_on_the_same_weights_and_batch(runs, world, model):
     got, want = runs[(world, model)], runs[("dtensor", model)]
     assert max_diff(got["before"], want["before"]) <= 1e-4
@@ -79,7 +84,7 @@ def test_a_2x2_mesh_splits_the_weights_and_trains_the_steps_one_device_trains(ru
     assert max_diff(mesh["after"], one["after"]) <= 1e-5
 
 
-@pytest.mark.parametrize("world", ["jax", "jax-2x2"])
+@pytest.mark.parametrize("world", ["jax", "jax-2x2", "jax-2-processes"])
 def test_the_jax_backend_resumes_exactly_and_loads_a_reference_from_its_checkpoint(runs, world):
     got = runs[(world, "llama")]
     assert got["again"] == got["steps"][1]                  # step 2 again after the resume: the same figures
@@ -179,7 +184,8 @@ def test_bad_jax_input_is_refused_by_name_before_training(tiny_model, tmp_path):
     problems = {p.path: p.message for p in unbuilt(load_config("grpo_tiny.yaml", base + [
         "policy.precision=fp16", "policy.lora.enabled=true", "policy.dtensor_cfg.tensor_parallel_size=2",
         "loss_fn.reference_policy_kl_type=k2"]).config)}
-    assert "one trainer process in this version" in problems["cluster"] and "2 trainer ranks" in problems["cluster"]
+    # grpo_tiny plans 2 trainer processes; one device cannot be split between them
+    assert "data x model = 1 devices do not divide over the 2 trainer processes" in problems["policy.jax_cfg.mesh"]
     assert "loss scaling" in problems["policy.precision"]
     assert "LoRA is not built for the jax backend" in problems["policy.lora.enabled"]
     assert "set policy.jax_cfg.mesh.model instead" in problems["policy.dtensor_cfg.tensor_parallel_size"]
@@ -198,13 +204,14 @@ def test_bad_jax_input_is_refused_by_name_before_training(tiny_model, tmp_path):
 def test_a_mesh_larger_than_the_started_jax_is_refused_by_name():
     """A process whose JAX started with 2 host devices cannot build a 2 x 2 mesh."""
     code = ("import os, jax; jax.devices()\n"
+            "from dockyard.distributed import WorldInfo\n"
             "from dockyard.policy.jax.policy import _start_jax\n"
-            "_start_jax(4, 'cpu')\n")
+            "_start_jax(4, 'cpu', WorldInfo(rank=0, world_size=1, local_rank=0))\n")
     env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120,
                             env=env)
     assert result.returncode != 0
-    assert "PolicySetupError: policy.jax_cfg.mesh: data x model = 4 devices, and this process's JAX has 2 (cpu)" \
+    assert "PolicySetupError: policy.jax_cfg.mesh: data x model = 4 devices, and this JAX world has 2 (cpu)" \
         in result.stderr
 
 

@@ -152,8 +152,9 @@ def megatron_field_of_the_wrong_type(tmp, model):
                 "policy.megatron_cfg: megatron-core's TransformerConfig refused recompute_granularity")
 
 
-def jax_on_two_trainer_ranks(tmp, model):
-    return Case(["policy.backend=jax"], "cluster: the jax backend runs in one trainer process in this version")
+def jax_mesh_that_does_not_divide_over_the_trainer_processes(tmp, model):
+    return Case(["policy.backend=jax", "policy.jax_cfg.mesh.data=3"],
+                "policy.jax_cfg.mesh: data x model = 3 devices do not divide over the 2 trainer processes")
 
 
 def jax_mesh_that_does_not_split_the_model(tmp, model):
@@ -166,7 +167,7 @@ CASES = [missing_dataset, broken_jsonl_line, unreadable_parquet, missing_input_c
          sharded_index_missing_a_shard, tokenizer_that_does_not_load, chat_template_that_does_not_render,
          incomplete_resume_step, pointer_to_an_incomplete_step, checkpoint_dir_is_a_file, log_dir_inside_a_file,
          sft_conversation_without_a_reply, model_of_a_run_not_trained_yet, megatron_field_no_upstream_class_has,
-         megatron_field_of_the_wrong_type, jax_on_two_trainer_ranks, jax_mesh_that_does_not_split_the_model]
+         megatron_field_of_the_wrong_type, jax_mesh_that_does_not_divide_over_the_trainer_processes, jax_mesh_that_does_not_split_the_model]
 
 
 @pytest.fixture

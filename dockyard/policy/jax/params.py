@@ -32,12 +32,19 @@ class Weights:
     """An NNX CausalLM's structure, and its weights as a flat {HF name: array} dict."""
 
     def __init__(self, shape: DecoderShape, remat: bool):
-        self.shape = shape
+        self.shape, self.remat = shape, remat
         model = CausalLM(shape, remat)
         self.graphdef, state = nnx.split(model)
         leaves_with_paths, self.treedef = jax.tree_util.tree_flatten_with_path(state)
         self.names = [_name(path) for path, _ in leaves_with_paths]
         self.shapes = {name: leaf.shape for name, (_, leaf) in zip(self.names, leaves_with_paths)}
+
+    # a static argument of the jitted steps: equal structures (a policy and its reference) share programs
+    def __hash__(self) -> int:
+        return hash((self.shape, self.remat))
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Weights) and (self.shape, self.remat) == (other.shape, other.remat)
 
     def model(self, params: dict[str, jax.Array]) -> CausalLM:
         """The NNX model holding `params` (inside jit: traced arrays)."""

@@ -17,7 +17,6 @@ import logging
 import math
 import os
 import sys
-import time
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
@@ -32,20 +31,32 @@ from dockyard.models import model_folder
 from dockyard.policy.base import Policy
 from dockyard.policy.decoder_shape import DecoderShape
 from dockyard.policy.jax.settings import unbuilt
-from dockyard.policy.samples import PolicySetupError, Sample, TrainingInterrupted, lr_factor, plan_micro_batches
+from dockyard.policy.samples import (PolicySetupError, Sample, TrainingInterrupted, lr_factor, plan_micro_batches,
+                                     same_count_on_every_rank)
 
 FORMAT = "orbax"
 LAYOUT = "jax_layout.json"
 _WIDTH, _RESPONSES = 64, 16   # sequence and response widths are padded to multiples of these   # beside orbax/: the mesh that wrote it (informative: orbax reshards on load)
 
 
-def _start_jax(devices: int, platform: str):
-    """JAX with at least `devices` devices. On CPU the host devices are made when JAX starts its backend,
-    so the flag must be in XLA_FLAGS before that; a process whose JAX started already keeps its count."""
+_distributed_started = False
+
+
+def _start_jax(devices: int, platform: str, world: WorldInfo):
+    """JAX with `devices` devices in all, over the trainer world's processes. On CPU each process makes
+    its share as host devices when JAX starts its backend, so the flag must be in XLA_FLAGS before
+    that; a process whose JAX started already keeps its count. Several processes join one JAX world
+    (jax.distributed): the coordinator on trainer rank 0's host (MASTER_ADDR, as torch.distributed),
+    process ids from the ranks, CPU collectives over gloo."""
+    global _distributed_started
+    if devices % world.world_size:
+        raise PolicySetupError(f"policy.jax_cfg.mesh: data x model = {devices} devices do not divide over "
+                               f"{world.world_size} trainer processes")
+    local = devices // world.world_size
     if platform == "cpu":
         flags = os.environ.get("XLA_FLAGS", "")
         if "--xla_force_host_platform_device_count" not in flags:
-            os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={devices}".strip()
+            os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={local}".strip()
     import jax
 
     if platform == "cpu":
@@ -53,14 +64,32 @@ def _start_jax(devices: int, platform: str):
         jax.config.update("jax_platforms", "cpu")
     # orbax logs every array it writes at INFO through absl
     logging.getLogger("absl").setLevel(logging.WARNING)
+    if world.world_size > 1 and not _distributed_started:
+        if platform == "cpu":
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        address = f"{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{_agreed_port(world)}"
+        jax.distributed.initialize(coordinator_address=address, num_processes=world.world_size,
+                                   process_id=world.rank, initialization_timeout=300)
+        _distributed_started = True
     available = jax.devices()
     if len(available) < devices:
-        raise PolicySetupError(f"policy.jax_cfg.mesh: data x model = {devices} devices, and this process's JAX has "
+        raise PolicySetupError(f"policy.jax_cfg.mesh: data x model = {devices} devices, and this JAX world has "
                                f"{len(available)} ({available[0].platform}); "
                                + ("its host device count was fixed when JAX started (XLA_FLAGS "
                                   f"{os.environ.get('XLA_FLAGS', '')!r})" if platform == "cpu" else
                                   "ask for as many GPUs per trainer task"))
     return jax
+
+
+def _agreed_port(world: WorldInfo) -> int:
+    """A free port on rank 0's host for JAX's coordinator, sent to every rank over torch.distributed."""
+    import torch.distributed as dist
+
+    from dockyard.distributed import free_port
+
+    chosen = [free_port() if world.is_main else None]
+    dist.broadcast_object_list(chosen, src=0)
+    return int(chosen[0])
 
 
 def _bucket(n: int, step: int) -> int:
@@ -80,12 +109,9 @@ class JaxPolicy(Policy):
         problems = unbuilt(config, planned_world=False)
         if problems:
             raise PolicySetupError("; ".join(f"{p.path}: {p.message}" for p in problems))
-        if world.world_size > 1:
-            raise PolicySetupError(f"policy.backend jax: one trainer process in this version, and this world has "
-                                   f"{world.world_size} ranks")
         settings = policy.jax_cfg
         data, model = settings.mesh.data, settings.mesh.model
-        jax = _start_jax(data * model, "gpu" if device.type == "cuda" else "cpu")
+        jax = _start_jax(data * model, "gpu" if device.type == "cuda" else "cpu", world)
         from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
         from dockyard.policy.jax.params import Weights, hf_tensors
@@ -95,6 +121,7 @@ class JaxPolicy(Policy):
         self.mesh = Mesh(np.array(jax.devices()[:data * model]).reshape(data, model), ("data", "model"))
         self.data = data
         self.rows = NamedSharding(self.mesh, PartitionSpec("data"))
+        self.replicated = NamedSharding(self.mesh, PartitionSpec())
         self.folder = model_folder(model_path or policy.model_name)
         self.shape = DecoderShape.of(json.loads((self.folder / "config.json").read_text()), str(self.folder), "jax")
         self.weights = Weights(self.shape, remat=settings.remat and trainable)
@@ -107,12 +134,11 @@ class JaxPolicy(Policy):
         self.optimizer_steps, self.total_optimizer_steps = 0, total_optimizer_steps
         if trainable:
             self.optimizer = self._optimizer()
-            self.opt_state = self._on_mesh(jax.jit(self.optimizer.init)(self.params))
+            self.opt_state = jax.jit(self.optimizer.init, out_shardings=self._state_shardings())(self.params)
         if world.is_main and trainable:
+            processes = "one process" if world.world_size == 1 else f"{world.world_size} processes"
             print(f"dockyard: jax trainer mesh: {data} data x {model} model = {data * model} "
-                  f"{jax.devices()[0].platform} device(s) in one process", file=sys.stderr, flush=True)
-        self.compile_seconds = 0.0   # time spent in the first call of each step shape (bench/jax_backend.py)
-        self._compiled: set[tuple] = set()
+                  f"{jax.devices()[0].platform} device(s) in {processes}", file=sys.stderr, flush=True)
 
     # --- set-up -------------------------------------------------------------------------------
 
@@ -127,22 +153,20 @@ class JaxPolicy(Policy):
         self.jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         self.jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
-    def _placed(self, params: dict[str, Any]) -> dict[str, Any]:
-        return {name: self.jax.device_put(value, self.shardings[name]) for name, value in params.items()}
+    def _placed(self, params: dict[str, np.ndarray]) -> dict[str, Any]:
+        """Host weights (the same on every process) as global arrays in their shardings."""
+        return {name: self.jax.make_array_from_callback(value.shape, self.shardings[name],
+                                                        lambda index, value=value: value[index])
+                for name, value in params.items()}
 
-    def _on_mesh(self, tree):
-        """Every array of `tree` on this mesh: its own sharding where it has one here, else replicated (a
-        step's scalars, such as the optimizer's count and learning rate)."""
-        from jax.sharding import NamedSharding, PartitionSpec
+    def _state_shardings(self):
+        """The optimizer state's shardings: its per-weight moments as the weights, its scalars replicated."""
+        import jax
 
-        replicated = NamedSharding(self.mesh, PartitionSpec())
-
-        def place(array):
-            sharding = getattr(array, "sharding", None)
-            if isinstance(sharding, NamedSharding) and sharding.mesh == self.mesh:
-                return array
-            return self.jax.device_put(array, replicated)
-        return self.jax.tree.map(place, tree)
+        def sharding(path, leaf):
+            names = [key.key for key in path if isinstance(key, jax.tree_util.DictKey)]
+            return self.shardings[names[-1]] if names and names[-1] in self.shardings else self.replicated
+        return jax.tree_util.tree_map_with_path(sharding, jax.eval_shape(self.optimizer.init, self.params))
 
     def _optimizer(self):
         import optax
@@ -163,12 +187,24 @@ class JaxPolicy(Policy):
 
     # --- batches ------------------------------------------------------------------------------
 
+    def _shape(self, samples: list[Sample]) -> tuple[int, int, int]:
+        """(rows, width, responses) of a micro-batch's arrays on this process: its samples' padded, and the
+        same on every process (each contributes its rows to one global batch)."""
+        local = [len(samples), max((len(s.token_ids) for s in samples), default=1),
+                 max((s.response_length for s in samples), default=1)]
+        if self.world.world_size > 1:
+            import torch.distributed as dist
+
+            agreed = torch.tensor(local, dtype=torch.long)
+            dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+            local = agreed.tolist()
+        return (_rows_bucket(local[0], max(1, self.data // self.world.world_size)), _bucket(local[1], _WIDTH),
+                _bucket(max(1, local[2]), _RESPONSES))
+
     def _layout(self, samples: list[Sample]) -> dict[str, np.ndarray]:
         """Right-padded rows (each sequence from position 0; padding keys hidden), and for each sample its
         response tokens as a right-aligned [rows, R] block: the position predicting each, and the token."""
-        rows = _rows_bucket(len(samples), self.data)
-        width = _bucket(max(len(s.token_ids) for s in samples), _WIDTH)
-        responses = _bucket(max(1, max(s.response_length for s in samples)), _RESPONSES)
+        rows, width, responses = self._shape(samples)
         ids = np.zeros((rows, width), np.int32)
         real = np.zeros((rows, width), bool)
         where = np.zeros((rows, responses), np.int32)
@@ -199,17 +235,13 @@ class JaxPolicy(Policy):
         return out
 
     def _put(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
-        return {name: self.jax.device_put(value, self.rows) for name, value in batch.items()}
+        """This process's rows as its part of global arrays split over the `data` axis."""
+        return {name: self.jax.make_array_from_process_local_data(self.rows, value) for name, value in batch.items()}
 
-    def _timed(self, key: tuple, fn: Callable, *args):
-        """`fn(*args)`, counting the first call of each shape as compile time."""
-        if key in self._compiled:
-            return fn(*args)
-        started = time.perf_counter()
-        out = self.jax.block_until_ready(fn(*args))
-        self.compile_seconds += time.perf_counter() - started
-        self._compiled.add(key)
-        return out
+    def _local_rows(self, array) -> np.ndarray:
+        """This process's rows of a global array split over `data` (each row block once)."""
+        blocks = {shard.index[0].start or 0: shard.data for shard in array.addressable_shards}
+        return np.concatenate([np.asarray(blocks[start]) for start in sorted(blocks)])
 
     # --- logprobs -----------------------------------------------------------------------------
 
@@ -218,9 +250,8 @@ class JaxPolicy(Policy):
         out: list[torch.Tensor | None] = [None] * len(samples)
         for batch in self._micro_batches(samples, policy.logprob_batch_size or policy.train_micro_batch_size):
             layout = self._layout([samples[i] for i in batch])
-            key = ("logprobs", layout["ids"].shape, layout["where"].shape)
-            logprobs = np.asarray(self._timed(key, _logprobs_step, self.weights, self.compute_dtype, self.temperature,
-                                              self.params, self._put(layout)))
+            logprobs = self._local_rows(_logprobs_step(self.weights, self.compute_dtype, self.temperature,
+                                                       self.params, self._put(layout)))
             for row, index in enumerate(batch):
                 n = samples[index].response_length
                 out[index] = torch.from_numpy(logprobs[row, logprobs.shape[1] - n:].copy())
@@ -230,8 +261,10 @@ class JaxPolicy(Policy):
         """As the torch backends plan them, with each length counted as its padded width: the token budget
         bounds the rows a step program really computes."""
         budget = self.config.policy.dynamic_batching
-        return plan_micro_batches([_bucket(len(s.token_ids), _WIDTH) for s in samples], micro_size,
-                                  budget.max_tokens_per_gpu if budget.enabled else None)
+        batches = plan_micro_batches([_bucket(len(s.token_ids), _WIDTH) for s in samples], micro_size,
+                                     budget.max_tokens_per_gpu if budget.enabled else None)
+        # each micro-batch is one global batch of every process's rows: as many on every process
+        return same_count_on_every_rank(batches) if self.world.world_size > 1 else batches
 
     # --- training -----------------------------------------------------------------------------
 
@@ -243,7 +276,12 @@ class JaxPolicy(Policy):
         policy = self.config.policy
         settings = LossSettings.of_loss(loss_fn, self.config.loss_fn)
         masks = [s.response_mask() for s in samples]
-        totals = np.array([float(sum(float(m.sum()) for m in masks)), float(len(samples))], np.float32)
+        totals = torch.tensor([float(sum(float(m.sum()) for m in masks)), float(len(samples))], dtype=torch.float64)
+        if self.world.world_size > 1:   # the loss is a share of the whole mini-batch, every process's rows
+            import torch.distributed as dist
+
+            dist.all_reduce(totals)
+        totals = totals.numpy().astype(np.float32)
         grads = None
         loss_value, sums = 0.0, {}
         for batch in self._micro_batches(samples, policy.train_micro_batch_size):
@@ -267,21 +305,16 @@ class JaxPolicy(Policy):
             inputs["ref"] = self._rows_of([ref_logprobs[i] for i in batch], rows, responses) \
                 if ref_logprobs is not None and settings.kl_penalty > 0 else None
             inputs = {k: v for k, v in inputs.items() if v is not None}
-            key = ("grad", settings, tuple(sorted(inputs)), layout["ids"].shape, layout["where"].shape)
-            (share, metrics), micro_grads = self._timed(
-                key, _grad_step, self.weights, self.compute_dtype, self.temperature, settings, self.params,
-                self._put(inputs), totals)
+            (share, metrics), micro_grads = _grad_step(self.weights, self.compute_dtype, self.temperature, settings,
+                                                       self.params, self._put(inputs), totals)
             grads = micro_grads if grads is None else _add(grads, micro_grads)
             loss_value += float(share)
             for name, value in metrics.items():
                 sums[name] = sums.get(name, 0.0) + float(value)
-        if interrupt is not None and interrupt():
-            raise TrainingInterrupted()
         lr = self._lr()
         max_norm = policy.max_grad_norm if policy.max_grad_norm > 0 else float("inf")
-        self.opt_state.hyperparams["learning_rate"] = self._on_mesh(jax.numpy.asarray(lr, jax.numpy.float32))
-        self.params, self.opt_state, grad_norm = self._timed(
-            ("apply",), _apply_step, self.optimizer, self.params, self.opt_state, grads, np.float32(max_norm))
+        self.params, self.opt_state, grad_norm = _apply_step(self.optimizer, self.params, self.opt_state, grads,
+                                                             np.float32(lr), np.float32(max_norm))
         self.optimizer_steps += 1
         result = {"loss": loss_value, "grad_norm": float(grad_norm), "lr": lr}
         for name in sorted(sums):
@@ -291,8 +324,17 @@ class JaxPolicy(Policy):
     # --- weights in and out -------------------------------------------------------------------
 
     def hf_weights(self) -> dict[str, torch.Tensor]:
-        """float32 weights under the HF names (the tied LM head is the embedding, as HF saves it)."""
-        return {name: torch.from_numpy(np.array(value, np.float32)) for name, value in self.params.items()}
+        """float32 weights under the HF names (the tied LM head is the embedding, as HF saves it), on rank
+        0 ({} on the others); every process takes part in gathering the weights split over processes."""
+        from jax.experimental import multihost_utils
+
+        out = {}
+        for name, value in self.params.items():
+            whole = np.array(value if value.is_fully_addressable else
+                             multihost_utils.process_allgather(value, tiled=True), np.float32)
+            if self.world.is_main:
+                out[name] = torch.from_numpy(whole)
+        return out
 
     def serving_weights(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         return {name: tensor.to(dtype) for name, tensor in self.hf_weights().items()}
@@ -378,12 +420,13 @@ def _add(a, b):
 
 
 @_jit((0,))
-def _apply_step(optimizer, params, opt_state, grads, max_norm):
-    """Clip by the global norm as torch's clip_grad_norm_ does, then the optimizer's update."""
+def _apply_step(optimizer, params, opt_state, grads, lr, max_norm):
+    """Clip by the global norm as torch's clip_grad_norm_ does, then the optimizer's update at `lr`."""
     import jax
     import jax.numpy as jnp
     import optax
 
+    opt_state = opt_state._replace(hyperparams={**opt_state.hyperparams, "learning_rate": lr})
     norm = optax.global_norm(grads)
     scale = jnp.minimum(1.0, max_norm / (norm + 1e-6))
     grads = jax.tree.map(lambda g: g * scale, grads)

@@ -23,12 +23,14 @@ def unbuilt(cfg: MasterConfig, planned_world: bool = True) -> list[Problem]:
                             f"{policy.backend}; remove it")]
         return []
     problems = []
-    world = topology.trainer_world_size(cfg)
-    if planned_world and world > 1:
-        problems.append(Problem("cluster", f"the jax backend runs in one trainer process in this version (its mesh "
-                                f"spans that process's devices); this plan has {world} trainer ranks. "
-                                "Multi-process JAX (jax.distributed over the allocation) is not built yet: use "
-                                "one trainer rank and policy.jax_cfg.mesh for the devices"))
+    world, mesh = topology.trainer_world_size(cfg), policy.jax_cfg.mesh
+    devices = mesh.data * mesh.model
+    if planned_world and world > 0 and cfg.cluster.gpus_per_node > 0 and devices != world:
+        problems.append(Problem("policy.jax_cfg.mesh", f"data x model = {devices} devices, and the trainer has "
+                                f"{world} GPUs (one process each): make them equal"))
+    elif planned_world and world > 0 and devices % world:
+        problems.append(Problem("policy.jax_cfg.mesh", f"data x model = {devices} devices do not divide over the "
+                                f"{world} trainer processes (each makes its share as CPU host devices)"))
     if policy.precision == "fp16":
         problems.append(Problem("policy.precision", "fp16 needs loss scaling, which the jax backend does not do; "
                                 "use bf16 or fp32"))
