@@ -176,6 +176,32 @@ def test_a_megatron_trainer_preempted_then_requeued_ends_bitwise_equal_to_an_uni
         assert torch.equal(got[name], want[name]), name
 
 
+JAX = ["policy.backend=jax", "policy.jax_cfg.mesh.data=2", "checkpointing.export_hf=true"]
+
+
+def test_a_jax_trainer_over_two_processes_preempted_then_requeued_ends_bitwise_equal_to_an_uninterrupted_one(
+        slurm_cluster, tmp_path_factory, tiny_model):
+    """The jax backend on the het job's trainer component: its 2 tasks join one JAX world from the
+    allocation (coordinator on the first trainer node), each process one device of a data=2 mesh; its
+    orbax steps carry a preemption and a requeue exactly."""
+    steps = 12
+    straight = tmp_path_factory.mktemp("jax-uninterrupted")
+    result = run_submit(straight, tiny_model, "--nodes", "3", "--wait", *hold_overrides(straight),
+                        f"grpo.max_num_steps={steps}", "checkpointing.save_period=1000", *JAX, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    workdir = tmp_path_factory.mktemp("jax-preempted")
+    hold_after(workdir, 4)
+    job = submit(workdir, tiny_model, f"grpo.max_num_steps={steps}", "checkpointing.save_period=1000", *JAX)
+    preempt_then_requeue(job, workdir, 4, 8)
+    log = completed_after_two_resumes(job, workdir, 4, 8, steps, timeout_s=600)
+    assert "jax trainer mesh: 2 data x 1 model = 2 cpu device(s) in 2 processes" in log
+    assert logged_steps(workdir) == list(range(1, steps + 1))
+    got, want = exported_weights(workdir, steps), exported_weights(straight, steps)
+    assert got.keys() == want.keys()
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+
+
 def test_time_limit_signal_saves_requeues_and_the_run_resumes(slurm_cluster, tmp_path, tiny_model):
     """1-minute limit, USR2 40 s before it. Slurm sends that signal when its periodic check finds the
     job inside the window, which is best effort: on a loaded machine it once came not at all before

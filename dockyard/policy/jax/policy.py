@@ -67,6 +67,8 @@ def _start_jax(devices: int, platform: str, world: WorldInfo):
     if world.world_size > 1 and not _distributed_started:
         if platform == "cpu":
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        # JAX's preemption service takes SIGTERM for itself: dockyard's handler must see it to save and requeue
+        jax.config.update("jax_enable_preemption_service", False)
         address = f"{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{_agreed_port(world)}"
         jax.distributed.initialize(coordinator_address=address, num_processes=world.world_size,
                                    process_id=world.rank, initialization_timeout=300)
