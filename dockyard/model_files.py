@@ -94,3 +94,14 @@ def check_model_folder(field: str, path: str | None) -> tuple[list[Problem], int
         except (ValueError, KeyError, TypeError, OSError) as err:
             problems.append(Problem(field, str(err)))
     return problems, elements
+
+
+def folder_weights(folder: Path) -> dict:
+    """Every tensor of a model folder's *.safetensors files (a sharded model's shards merged), as torch
+    tensors; {} when it holds none."""
+    from safetensors.torch import load_file
+
+    weights = {}
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        weights.update(load_file(str(path)))
+    return weights

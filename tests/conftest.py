@@ -174,8 +174,6 @@ def tiny_tied_model(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_qwen3_model(tiny_model, tmp_path_factory) -> Path:
     """A tiny random Qwen3 (per-head q_norm / k_norm, which TP splits by heads) with the tiny tokenizer."""
-    import shutil
-
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, Qwen3Config
 
@@ -191,7 +189,33 @@ def tiny_qwen3_model(tiny_model, tmp_path_factory) -> Path:
         for layer in model.model.layers:
             layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
             layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
-    out = tmp_path_factory.mktemp("models") / "tiny-qwen3"
+    return _with_tiny_tokenizer(model, tiny_model, tmp_path_factory.mktemp("models") / "tiny-qwen3")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_model(tiny_model, tmp_path_factory) -> Path:
+    """A tiny random Qwen2 (q/k/v biases, set away from zero so they shape the result) with the tiny tokenizer."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, Qwen2Config
+
+    base = AutoConfig.from_pretrained(tiny_model)
+    torch.manual_seed(5)
+    model = AutoModelForCausalLM.from_config(Qwen2Config(
+        vocab_size=base.vocab_size, hidden_size=base.hidden_size, intermediate_size=base.intermediate_size,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        bos_token_id=base.bos_token_id, eos_token_id=base.eos_token_id, pad_token_id=base.pad_token_id,
+        tie_word_embeddings=False))
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for projection in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                projection.bias.uniform_(-0.5, 0.5)
+    return _with_tiny_tokenizer(model, tiny_model, tmp_path_factory.mktemp("models") / "tiny-qwen2")
+
+
+def _with_tiny_tokenizer(model, tiny_model: Path, out: Path) -> Path:
+    """`model` saved as an HF folder at `out` with the tiny Llama's tokenizer and chat template."""
+    import shutil
+
     model.save_pretrained(out)
     for file in tiny_model.iterdir():
         if "token" in file.name or file.name == "chat_template.jinja":

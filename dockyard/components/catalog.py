@@ -105,7 +105,7 @@ _DECLARED = {
     "policy_backend": {
         "dtensor": "HF transformers model sharded with FSDP2 (fully_shard) over torch.distributed",
         "megatron": "megatron-core GPTModel from the HF folder: TP, megatron DDP + distributed optimizer, dist checkpoints (PP/CP/EP not yet)",
-        "jax": "Flax NNX decoder (Llama / Qwen2 / Qwen3) trained by jitted optax steps over a data x model device mesh in one process, orbax checkpoints (multi-process not yet)",
+        "jax": "Flax NNX decoder (Llama / Qwen2 / Qwen3) trained by jitted optax steps over a data x model device mesh, one JAX world over the trainer processes, orbax checkpoints (LoRA not yet)",
     },
     "sandbox": {
         "none": "run tool commands directly on this machine, no isolation (only with env.sandbox.trusted: true)",

@@ -70,3 +70,10 @@ def section_model(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
 
 def is_open(model: type[BaseModel]) -> bool:
     return model.model_config.get("extra") == "allow"
+
+
+def changed_fields(section: BaseModel) -> list[str]:
+    """The names of `section`'s fields set away from their defaults (a setting the running code would
+    not read is refused by these names)."""
+    return [name for name, spec in type(section).model_fields.items()
+            if getattr(section, name) != spec.get_default(call_default_factory=True)]

@@ -72,7 +72,17 @@ def mesh_line(world: int, data: int, tensor: int, context: int = 1) -> str:
             f"(FSDP shards over data-parallel; each tensor-parallel group is {tensor} neighbouring ranks)")
 
 
+def jax_mesh_line(data: int, model: int, platform: str, processes: int) -> str:
+    """The jax backend's device mesh in words, from the plan and from the running trainer."""
+    where = "one process" if processes == 1 else f"{processes} processes"
+    return f"jax trainer mesh: {data} data x {model} model = {data * model} {platform} device(s) in {where}"
+
+
 def trainer_mesh_line(cfg: MasterConfig) -> str:
+    if cfg.policy.backend == "jax":
+        mesh = cfg.policy.jax_cfg.mesh
+        return jax_mesh_line(mesh.data, mesh.model, "gpu" if cfg.cluster.gpus_per_node else "cpu",
+                             trainer_world_size(cfg))
     sizes = model_parallel(cfg)
     return mesh_line(trainer_world_size(cfg), dp_size(cfg), sizes["TP"], sizes["CP"])
 

@@ -26,6 +26,7 @@ from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, Field
 
 from dockyard.distributed import DTYPE_NAMES, weight_sync_group
+from dockyard.model_files import folder_weights
 from dockyard.processes import publish_address
 from dockyard.generation.engine import Completion, Engine, SamplingParams, mergeable
 
@@ -238,14 +239,9 @@ def build_app(engine: Engine, model_name: str) -> FastAPI:
 
     @app.post("/update_weights_from_disk")
     def update_from_disk(request: DiskUpdate) -> dict:
-        from safetensors.torch import load_file
-
-        files = sorted(Path(request.model_path).glob("*.safetensors"))
-        if not files:
+        tensors = folder_weights(Path(request.model_path))
+        if not tensors:
             return {"success": False, "message": f"no .safetensors files in {request.model_path}"}
-        tensors: dict[str, torch.Tensor] = {}
-        for file in files:
-            tensors.update(load_file(str(file)))
         with lock:
             return install(tensors, "loaded")
 

@@ -169,6 +169,11 @@ def contents(trainer_state: dict[str, Any]) -> dict[str, bool]:
             **trainer_state.get("contents", {})}
 
 
+def step_contents(folder: Path) -> dict[str, Any]:
+    """What the step folder `folder` holds, from its trainer_state.json."""
+    return contents(json.loads((folder / "trainer_state.json").read_text()))
+
+
 class CheckpointState(Protocol):
     """What a policy backend saves in a step folder and loads from it (CheckpointManager keeps the
     folder complete-or-absent, the pointer, the RNG and the loop's state)."""

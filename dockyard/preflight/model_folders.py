@@ -57,30 +57,25 @@ def check_tensor_parallel_plan(path: str, size: int) -> list[Problem]:
 def check_megatron_model(cfg) -> list[Problem]:
     """The megatron converter knows the policy model's family, its heads, MLP and vocabulary split over
     TP, and megatron-core's config classes accept the forwarded fields' values."""
-    import json
-
-    from dockyard.models import model_folder
-    from dockyard.policy.megatron.convert import DecoderShape
     from dockyard.policy.megatron.settings import upstream_settings
-    from dockyard.policy.samples import PolicySetupError
 
-    path = cfg.policy.model_name
-    try:
-        folder = model_folder(path)
-        shape = DecoderShape.of(json.loads((folder / "config.json").read_text()), str(folder))
-        shape.check_split(cfg.policy.megatron_cfg.tensor_model_parallel_size, str(folder))
+    def check(shape, folder):
+        shape.check_split(cfg.policy.megatron_cfg.tensor_model_parallel_size, folder)
         upstream_settings(cfg, shape, trainable=True)
-    except PolicySetupError as err:
-        field, _, message = str(err).partition(": ")
-        return [Problem("policy.model_name" if field == "policy.backend megatron" else field, message)]
-    except (OSError, ValueError, KeyError) as err:   # config.json problems are reported by check_model_folder
-        return [Problem("policy.model_name", f"{path}: its config does not describe a decoder: {err}")]
-    return []
+    return _decoder_problems(cfg, "megatron", check)
 
 
 def check_jax_model(cfg) -> list[Problem]:
     """The JAX decoder knows the policy model's family, and its heads, MLP and vocabulary split over the
     mesh's `model` axis."""
+    def check(shape, folder):
+        shape.check_split(cfg.policy.jax_cfg.mesh.model, folder, "policy.jax_cfg.mesh.model", "devices")
+    return _decoder_problems(cfg, "jax", check)
+
+
+def _decoder_problems(cfg, backend: str, check) -> list[Problem]:
+    """`check(shape, folder)` of the policy model's decoder shape, for a backend that builds its own model;
+    what it (or the shape) refuses, as a problem naming the field."""
     import json
 
     from dockyard.models import model_folder
@@ -90,11 +85,10 @@ def check_jax_model(cfg) -> list[Problem]:
     path = cfg.policy.model_name
     try:
         folder = model_folder(path)
-        shape = DecoderShape.of(json.loads((folder / "config.json").read_text()), str(folder), "jax")
-        shape.check_split(cfg.policy.jax_cfg.mesh.model, str(folder), "policy.jax_cfg.mesh.model", "devices")
+        check(DecoderShape.of(json.loads((folder / "config.json").read_text()), str(folder), backend), str(folder))
     except PolicySetupError as err:
         field, _, message = str(err).partition(": ")
-        return [Problem("policy.model_name" if field == "policy.backend jax" else field, message)]
+        return [Problem("policy.model_name" if field == f"policy.backend {backend}" else field, message)]
     except (OSError, ValueError, KeyError) as err:   # config.json problems are reported by check_model_folder
         return [Problem("policy.model_name", f"{path}: its config does not describe a decoder: {err}")]
     return []

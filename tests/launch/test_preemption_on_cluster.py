@@ -158,22 +158,8 @@ def test_a_megatron_trainer_preempted_then_requeued_ends_bitwise_equal_to_an_uni
         slurm_cluster, tmp_path_factory, tiny_model):
     """The megatron backend on the het job's trainer component (2 ranks over gloo, megatron's DDP and
     distributed optimizer): its dist checkpoints carry a preemption and a requeue exactly."""
-    steps = 16
-    straight = tmp_path_factory.mktemp("megatron-uninterrupted")
-    result = run_submit(straight, tiny_model, "--nodes", "3", "--wait", *hold_overrides(straight),
-                        f"grpo.max_num_steps={steps}", "checkpointing.save_period=1000", *MEGATRON, timeout=600)
-    assert result.returncode == 0, result.stdout + result.stderr
-    workdir = tmp_path_factory.mktemp("megatron-preempted")
-    hold_after(workdir, 4)
-    job = submit(workdir, tiny_model, f"grpo.max_num_steps={steps}", "checkpointing.save_period=1000", *MEGATRON)
-    preempt_then_requeue(job, workdir, 4, 10)
-    log = completed_after_two_resumes(job, workdir, 4, 10, steps, timeout_s=600)
+    log = preempted_twice_ends_as_uninterrupted(tmp_path_factory, tiny_model, "megatron", MEGATRON, 16, 4, 10)
     assert "megatron trainer mesh: 2 rank(s)" in log
-    assert logged_steps(workdir) == list(range(1, steps + 1))
-    got, want = exported_weights(workdir, steps), exported_weights(straight, steps)
-    assert got.keys() == want.keys()
-    for name in want:
-        assert torch.equal(got[name], want[name]), name
 
 
 JAX = ["policy.backend=jax", "policy.jax_cfg.mesh.data=2", "checkpointing.export_hf=true"]
@@ -184,22 +170,29 @@ def test_a_jax_trainer_over_two_processes_preempted_then_requeued_ends_bitwise_e
     """The jax backend on the het job's trainer component: its 2 tasks join one JAX world from the
     allocation (coordinator on the first trainer node), each process one device of a data=2 mesh; its
     orbax steps carry a preemption and a requeue exactly."""
-    steps = 12
-    straight = tmp_path_factory.mktemp("jax-uninterrupted")
-    result = run_submit(straight, tiny_model, "--nodes", "3", "--wait", *hold_overrides(straight),
-                        f"grpo.max_num_steps={steps}", "checkpointing.save_period=1000", *JAX, timeout=600)
-    assert result.returncode == 0, result.stdout + result.stderr
-    workdir = tmp_path_factory.mktemp("jax-preempted")
-    hold_after(workdir, 4)
-    job = submit(workdir, tiny_model, f"grpo.max_num_steps={steps}", "checkpointing.save_period=1000", *JAX)
-    preempt_then_requeue(job, workdir, 4, 8)
-    log = completed_after_two_resumes(job, workdir, 4, 8, steps, timeout_s=600)
+    log = preempted_twice_ends_as_uninterrupted(tmp_path_factory, tiny_model, "jax", JAX, 12, 4, 8)
     assert "jax trainer mesh: 2 data x 1 model = 2 cpu device(s) in 2 processes" in log
+
+
+def preempted_twice_ends_as_uninterrupted(tmp_path_factory, model: Path, name: str, overrides: list[str], steps: int,
+                                          first: int, second: int) -> str:
+    """A run with `overrides` preempted after step `first` and requeued after `second` logs every step
+    once and ends with the HF export of an uninterrupted run, bit for bit; returns rank 0's log."""
+    straight = tmp_path_factory.mktemp(f"{name}-uninterrupted")
+    result = run_submit(straight, model, "--nodes", "3", "--wait", *hold_overrides(straight),
+                        f"grpo.max_num_steps={steps}", "checkpointing.save_period=1000", *overrides, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    workdir = tmp_path_factory.mktemp(f"{name}-preempted")
+    hold_after(workdir, first)
+    job = submit(workdir, model, f"grpo.max_num_steps={steps}", "checkpointing.save_period=1000", *overrides)
+    preempt_then_requeue(job, workdir, first, second)
+    log = completed_after_two_resumes(job, workdir, first, second, steps, timeout_s=600)
     assert logged_steps(workdir) == list(range(1, steps + 1))
     got, want = exported_weights(workdir, steps), exported_weights(straight, steps)
     assert got.keys() == want.keys()
-    for name in want:
-        assert torch.equal(got[name], want[name]), name
+    for weight in want:
+        assert torch.equal(got[weight], want[weight]), weight
+    return log
 
 
 def test_time_limit_signal_saves_requeues_and_the_run_resumes(slurm_cluster, tmp_path, tiny_model):

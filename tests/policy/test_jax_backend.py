@@ -1,8 +1,9 @@
 """The JAX backend (policy/jax/): the loss menu computes what the torch losses compute, the Policy
 contract holds (exact resume, a reference from a step, HF-named serving weights), its logprobs,
 losses and gradient norms match the dtensor backend on the same weights and batch (Llama untied and
-tied, Qwen3), a data=2 x model=2 mesh that really splits the weights trains the same steps as one
-device, a step written by one mesh loads into another, and bad input is refused by name. Each policy
+tied, Qwen2, Qwen3), a data=2 x model=2 mesh that really splits the weights and two processes in one
+JAX world train the same steps as one device, a step written by one mesh loads into another, and bad
+input is refused by name. Each policy
 runs in a worker process (backend_worker.py): a process's JAX fixes its host device count once."""
 
 import json
@@ -20,6 +21,7 @@ from dockyard.config.schema.loss import LossConfig
 from dockyard.policy.decoder_shape import DecoderShape
 from dockyard.policy.samples import PolicySetupError
 from tests.conftest import REPO
+from tests.policy.parity import assert_resumes_exactly, assert_trains_like, max_diff
 from tests.policy.worlds import launch_world
 
 jax = pytest.importorskip("jax")
@@ -33,10 +35,11 @@ def launch(out: Path, *args: str, processes: int = 1) -> dict:
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_model, tiny_tied_model, tiny_qwen3_model, tmp_path_factory):
+def runs(tiny_model, tiny_tied_model, tiny_qwen2_model, tiny_qwen3_model, tmp_path_factory):
     root = tmp_path_factory.mktemp("jax")
     results = {}
-    for name, model in {"llama": tiny_model, "tied": tiny_tied_model, "qwen3": tiny_qwen3_model}.items():
+    for name, model in {"llama": tiny_model, "tied": tiny_tied_model, "qwen2": tiny_qwen2_model,
+                        "qwen3": tiny_qwen3_model}.items():
         for backend in ("dtensor", "jax"):
             results[(backend, name)] = launch(root / f"{backend}-{name}.pt", "--backend", backend, "--model", str(model))
     results[("jax-2x2", "llama")] = launch(root / "mesh.pt", "--backend", "jax", "--model", str(tiny_model), *MESH_2X2)
@@ -53,22 +56,12 @@ def runs(tiny_model, tiny_tied_model, tiny_qwen3_model, tmp_path_factory):
     return results
 
 
-def max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
-    assert [x.shape for x in a] == [y.shape for y in b]
-    return max(float((x - y).abs().max()) for x, y in zip(a, b))
-
-
-@pytest.mark.parametrize("world, model", [("jax", "llama"), ("jax", "tied"), ("jax", "qwen3"), ("jax-2x2", "llama"),
+@pytest.mark.parametrize("world, model", [("jax", "llama"), ("jax", "tied"), ("jax", "qwen2"), ("jax", "qwen3"),
+                                          ("jax-2x2", "llama"),
                                           ("jax-2-processes", "llama")])
 def test_jax_matches_dtensor_on_the_same_weights_and_batch(runs, world, model):
     got, want = runs[(world, model)], runs[("dtensor", model)]
-    assert max_diff(got["before"], want["before"]) <= 1e-4
-    for mine, theirs in zip(got["steps"], want["steps"]):
-        for name in ("loss", "grad_norm", "entropy"):
-            assert mine[name] == pytest.approx(theirs[name], rel=1e-3), name
-    assert max_diff(got["after"], want["after"]) <= 1e-4
-    assert max_diff(got["after"], got["before"]) > 1e-3    # the steps moved the policy
-    assert set(got["serving"]) == set(want["serving"])     # HF names, the tied head left out as dtensor does
+    assert_trains_like(got, want)     # HF names, the tied head left out as dtensor does
     assert max(float((got["serving"][n] - want["serving"][n]).abs().max()) for n in want["serving"]) <= 1e-4
 
 
@@ -87,9 +80,7 @@ def test_a_2x2_mesh_splits_the_weights_and_trains_the_steps_one_device_trains(ru
 @pytest.mark.parametrize("world", ["jax", "jax-2x2", "jax-2-processes"])
 def test_the_jax_backend_resumes_exactly_and_loads_a_reference_from_its_checkpoint(runs, world):
     got = runs[(world, "llama")]
-    assert got["again"] == got["steps"][1]                  # step 2 again after the resume: the same figures
-    assert max_diff(got["resumed_after"], got["after"]) == 0.0
-    assert max_diff(got["reference"], got["after_one"]) == 0.0
+    assert_resumes_exactly(got)
 
 
 def test_a_step_of_a_2x2_mesh_resumes_and_loads_on_one_device_and_a_cut_one_is_refused_by_name(runs):

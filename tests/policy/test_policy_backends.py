@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from dockyard.policy.megatron import convert
+from tests.policy.parity import assert_resumes_exactly, assert_trains_like, max_diff
 from tests.policy.worlds import launch_world
 
 WORKER = Path(__file__).with_name("backend_worker.py")
@@ -46,32 +47,18 @@ def runs(tiny_model, tiny_tied_model, tiny_qwen3_model, tmp_path_factory):
     return results
 
 
-def max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
-    assert [x.shape for x in a] == [y.shape for y in b]
-    return max(float((x - y).abs().max()) for x, y in zip(a, b))
-
-
 @pytest.mark.parametrize("world, model", [("megatron", "llama"), ("megatron", "tied"), ("megatron", "qwen3"),
                                           ("megatron-tp2", "llama"), ("megatron-tp2", "qwen3"),
                                           ("megatron-dp2", "llama")])
 def test_megatron_matches_dtensor_on_the_same_weights_and_batch(runs, world, model):
     got, want = runs[(world, model)], runs[("dtensor", model)]
-    assert max_diff(got["before"], want["before"]) <= 1e-4
-    for mine, theirs in zip(got["steps"], want["steps"]):
-        for name in ("loss", "grad_norm", "entropy"):
-            assert mine[name] == pytest.approx(theirs[name], rel=1e-3), name
-    assert max_diff(got["after"], want["after"]) <= 1e-4
-    assert max_diff(got["after"], got["before"]) > 1e-3    # the steps moved the policy
-    assert set(got["serving"]) == set(want["serving"])
-    assert max(float((got["serving"][n] - want["serving"][n]).abs().max()) for n in want["serving"]) <= 1e-4
+    assert_trains_like(got, want)
 
 
 @pytest.mark.parametrize("backend", ["dtensor", "megatron", "megatron-tp2", "megatron-dp2"])
 def test_every_backend_resumes_exactly_and_loads_a_reference_from_its_checkpoint(runs, backend):
     got = runs[(backend, "llama")]
-    assert got["again"] == got["steps"][1]                  # step 2 again after the resume: the same figures
-    assert max_diff(got["resumed_after"], got["after"]) == 0.0
-    assert max_diff(got["reference"], got["after_one"]) == 0.0
+    assert_resumes_exactly(got)
 
 
 def test_a_tp2_checkpoint_loads_as_a_reference_on_one_rank_and_its_optimizer_is_refused_by_name(runs):

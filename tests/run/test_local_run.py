@@ -372,9 +372,15 @@ def test_a_jax_run_trains_refits_its_engine_and_resumes_bitwise(tiny_model, tmp_
     ending bitwise where an uninterrupted run ends, with the compiled steps in the persistent cache."""
     jax_run = ("policy.backend=jax", "cluster.num_nodes=2", "policy.jax_cfg.mesh.model=2",
                "checkpointing.save_period=2", "checkpointing.export_hf=true")
+    plan = subprocess.run([sys.executable, "-c", "import sys; from dockyard.cli import submit_main; "
+                           "sys.exit(submit_main())", "--config", "grpo_tiny.yaml", "--nodes", "2", "--dry-run",
+                           f"models_dir={tiny_model.parent}", *jax_run[:1], *jax_run[2:]],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    planned = [line for line in plan.stdout.splitlines() if line.startswith("jax trainer mesh: ")]
+    assert planned == ["jax trainer mesh: 1 data x 2 model = 2 cpu device(s) in one process"], plan.stdout + plan.stderr
     straight = run(tmp_path / "straight", tiny_model, "grpo.max_num_steps=4", *jax_run)
     assert straight.returncode == 0, straight.stdout
-    assert "dockyard: jax trainer mesh: 1 data x 2 model = 2 cpu device(s) in one process" in straight.stdout
+    assert f"dockyard: {planned[0]}" in straight.stdout
     assert "refit of generation server (embedded)" in straight.stdout and "step 4:" in straight.stdout
     first = run(tmp_path / "requeued", tiny_model, "grpo.max_num_steps=2", *jax_run)
     assert first.returncode == 0, first.stdout

@@ -75,12 +75,9 @@ class Weights:
 
 def hf_tensors(folder: Path) -> dict[str, np.ndarray]:
     """An HF folder's safetensors weights as float32 numpy arrays (bf16 files included)."""
-    from safetensors.torch import load_file
+    from dockyard.model_files import folder_weights
 
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
+    weights = folder_weights(folder)
+    if not weights:
         raise PolicySetupError(f"policy.model_name: {folder} holds no .safetensors weights for the jax backend")
-    out: dict[str, np.ndarray] = {}
-    for path in files:
-        out.update({name: tensor.float().numpy() for name, tensor in load_file(str(path)).items()})
-    return out
+    return {name: tensor.float().numpy() for name, tensor in weights.items()}

@@ -25,8 +25,9 @@ import numpy as np
 import torch
 
 from dockyard.config.schema import MasterConfig
+from dockyard.config.topology import jax_mesh_line
 from dockyard.distributed import WorldInfo
-from dockyard.io.checkpoint import CheckpointLoadError
+from dockyard.io.checkpoint import CheckpointLoadError, step_contents
 from dockyard.models import model_folder
 from dockyard.policy.base import Policy
 from dockyard.policy.decoder_shape import DecoderShape
@@ -99,7 +100,7 @@ def _bucket(n: int, step: int) -> int:
 
 
 def _rows_bucket(n: int, data: int) -> int:
-    """Rows padded to a multiple of 8 (few compiled shapes) and of the data axis."""
+    """Rows padded to a multiple of 8 (few compiled shapes) and of this process's share of the data axis."""
     return _bucket(n, math.lcm(8, data))
 
 
@@ -126,8 +127,8 @@ class JaxPolicy(Policy):
         self.replicated = NamedSharding(self.mesh, PartitionSpec())
         self.folder = model_folder(model_path or policy.model_name)
         self.shape = DecoderShape.of(json.loads((self.folder / "config.json").read_text()), str(self.folder), "jax")
-        self.weights = Weights(self.shape, remat=settings.remat and trainable)
         self.shape.check_split(model, str(self.folder), "policy.jax_cfg.mesh.model", "devices")
+        self.weights = Weights(self.shape, remat=settings.remat and trainable)
         self.shardings = self.weights.shardings(self.mesh)
         self.params = self._placed(self.weights.from_hf(hf_tensors(self.folder), str(self.folder)))
         self.compute_dtype = jax.numpy.bfloat16 if policy.precision == "bf16" else jax.numpy.float32
@@ -138,9 +139,8 @@ class JaxPolicy(Policy):
             self.optimizer = self._optimizer()
             self.opt_state = jax.jit(self.optimizer.init, out_shardings=self._state_shardings())(self.params)
         if world.is_main and trainable:
-            processes = "one process" if world.world_size == 1 else f"{world.world_size} processes"
-            print(f"dockyard: jax trainer mesh: {data} data x {model} model = {data * model} "
-                  f"{jax.devices()[0].platform} device(s) in {processes}", file=sys.stderr, flush=True)
+            line = jax_mesh_line(data, model, jax.devices()[0].platform, world.world_size)
+            print(f"dockyard: {line}", file=sys.stderr, flush=True)
 
     # --- set-up -------------------------------------------------------------------------------
 
@@ -295,8 +295,9 @@ class JaxPolicy(Policy):
             old = [old_logprobs[i] for i in batch] if old_logprobs is not None else None
             if before_loss is not None:
                 if old is None:   # the weights have not moved: the old logprobs are the current ones
-                    old = self.logprobs(chosen)
-                before_loss(chosen, old)
+                    old = self.logprobs(chosen)   # every process: a collective, also for an empty share
+                if chosen:
+                    before_loss(chosen, old)
             inputs = dict(layout)
             inputs["mask"] = self._rows_of([masks[i] for i in batch], rows, responses)
             inputs["advantages"] = self._rows_of(
@@ -349,9 +350,8 @@ class JaxPolicy(Policy):
         from dockyard.models import checkpoint_weights_folder
 
         folder = checkpoint_weights_folder(path)
-        record = folder / "trainer_state.json"
-        held = json.loads(record.read_text()).get("contents", {}) if record.is_file() else {}
-        if held.get("format") == FORMAT and held.get("dcp") and (folder / "orbax" / "params").is_dir():
+        held = step_contents(folder)
+        if held["format"] == FORMAT and held["dcp"] and (folder / "orbax" / "params").is_dir():
             JaxState(self).load(folder, {"dcp": True, "optimizer": False})
         elif (folder / "hf" / "model.safetensors").is_file():
             self.params = self._placed(self.weights.from_hf(self.hf_tensors(folder / "hf"), str(folder / "hf")))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dockyard.config import topology
 from dockyard.config.errors import Problem
+from dockyard.config.fields import changed_fields
 from dockyard.config.schema import MasterConfig
 
 # what policy/jax/losses.py implements (named here so the preflight need not import JAX)
@@ -17,8 +18,7 @@ def unbuilt(cfg: MasterConfig, planned_world: bool = True) -> list[Problem]:
     world it was started in instead."""
     policy = cfg.policy
     if policy.backend != "jax":
-        defaults = type(policy.jax_cfg)()
-        if policy.jax_cfg != defaults:
+        if changed_fields(policy.jax_cfg):
             return [Problem("policy.jax_cfg", f"a setting of the jax backend, and policy.backend is "
                             f"{policy.backend}; remove it")]
         return []
@@ -42,13 +42,12 @@ def unbuilt(cfg: MasterConfig, planned_world: bool = True) -> list[Problem]:
     if policy.megatron_cfg is not None:
         problems.append(Problem("policy.megatron_cfg", "a megatron setting, which the jax backend does not read; "
                                 "remove it"))
-    dtensor = policy.dtensor_cfg
-    for name, spec in type(dtensor).model_fields.items():
-        if getattr(dtensor, name) != spec.default:
-            counterpart = {"activation_checkpointing": "policy.jax_cfg.remat",
-                           "tensor_parallel_size": "policy.jax_cfg.mesh.model"}.get(name)
-            problems.append(Problem(f"policy.dtensor_cfg.{name}", "a dtensor setting, which the jax backend does not "
-                                    "read" + (f"; set {counterpart} instead" if counterpart else "; remove it")))
+    counterparts = {"activation_checkpointing": "policy.jax_cfg.remat",
+                    "tensor_parallel_size": "policy.jax_cfg.mesh.model"}
+    for name in changed_fields(policy.dtensor_cfg):
+        counterpart = counterparts.get(name)
+        problems.append(Problem(f"policy.dtensor_cfg.{name}", "a dtensor setting, which the jax backend does not read"
+                                + (f"; set {counterpart} instead" if counterpart else "; remove it")))
     if cfg.loss_fn.name not in LOSSES:
         problems.append(Problem("loss_fn.name", f"{cfg.loss_fn.name!r} has no JAX implementation; the jax backend "
                                 f"trains with {', '.join(LOSSES)}"))

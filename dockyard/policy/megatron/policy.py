@@ -18,7 +18,8 @@ import torch.distributed as dist
 
 from dockyard.config.schema import MasterConfig
 from dockyard.distributed import WorldInfo
-from dockyard.io.checkpoint import CheckpointLoadError
+from dockyard.io.checkpoint import CheckpointLoadError, step_contents
+from dockyard.model_files import folder_weights
 from dockyard.models import model_folder
 from dockyard.policy.base import Policy
 from dockyard.policy.megatron import convert
@@ -37,14 +38,9 @@ _OPTIMIZER_SHARDING = {"distrib_optim_sharding_type": "dp_reshardable"}
 
 
 def _hf_weights(folder: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
+    weights = folder_weights(folder)
+    if not weights:
         raise PolicySetupError(f"policy.model_name: {folder} holds no .safetensors weights for the megatron backend")
-    weights: dict[str, torch.Tensor] = {}
-    for path in files:
-        weights.update(load_file(str(path)))
     return weights
 
 
@@ -170,9 +166,8 @@ class MegatronPolicy(Policy):
         from dockyard.models import checkpoint_weights_folder
 
         folder = checkpoint_weights_folder(path)
-        record = folder / "trainer_state.json"
-        held = json.loads(record.read_text()).get("contents", {}) if record.is_file() else {}
-        if held.get("format") == FORMAT and (folder / "dist_ckpt").is_dir():
+        held = step_contents(folder)
+        if held["format"] == FORMAT and held["dcp"] and (folder / "dist_ckpt").is_dir():
             MegatronState(self).load_model_only(folder)
         elif (folder / "hf" / "model.safetensors").is_file():
             self._load_hf(_hf_weights(folder / "hf"))

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from dockyard.config.errors import Problem
+from dockyard.config.fields import changed_fields
 from dockyard.config.schema import MasterConfig
 from dockyard.policy.samples import PolicySetupError
 
@@ -50,12 +51,10 @@ def unbuilt(cfg: MasterConfig) -> list[Problem]:
     if policy.dynamic_batching.enabled and policy.dynamic_batching.share_prompts:
         problems.append(Problem("policy.dynamic_batching.share_prompts", "shared-prompt rows are not built for the "
                                 "megatron backend; turn it off"))
-    dtensor = cfg.policy.dtensor_cfg
-    for name, spec in type(dtensor).model_fields.items():
-        if getattr(dtensor, name) != spec.default:
-            problems.append(Problem(f"policy.dtensor_cfg.{name}", "a dtensor setting, which the megatron backend does "
-                                    "not read; set its megatron_cfg counterpart (e.g. tensor_model_parallel_size, "
-                                    "recompute_granularity) instead"))
+    for name in changed_fields(cfg.policy.dtensor_cfg):
+        problems.append(Problem(f"policy.dtensor_cfg.{name}", "a dtensor setting, which the megatron backend does "
+                                "not read; set its megatron_cfg counterpart (e.g. tensor_model_parallel_size, "
+                                "recompute_granularity) instead"))
     problems += [Problem(f"policy.megatron_cfg.{name}", message) for name, message in _unknown_fields(cfg)]
     return problems
 
