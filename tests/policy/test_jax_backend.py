@@ -224,3 +224,22 @@ def test_remat_recomputes_each_decoder_layer_in_the_backward_pass(tiny_model, re
 
     program = str(jax.make_jaxpr(jax.grad(total))(params))
     assert (program.count("remat") + program.count("checkpoint") >= shape.layers) == remat
+
+
+def test_a_token_id_outside_the_vocabulary_is_refused_not_clamped(tiny_model, tmp_path):
+    """JAX's gathers clamp an index out of range; the backend refuses such a sample instead of training
+    on the vocabulary's last token (torch would fail with an index error)."""
+    code = ("import torch\n"
+            "from dockyard import registry\n"
+            "from dockyard.config import load_config\n"
+            "from dockyard.distributed import WorldInfo\n"
+            "from dockyard.policy.samples import Sample\n"
+            f"cfg = load_config('grpo_tiny.yaml', ['policy.model_name={tiny_model}', 'policy.backend=jax', "
+            f"'cluster.num_nodes=2', 'checkpointing.checkpoint_dir={tmp_path}']).config\n"
+            "policy = registry.build('policy_backend', 'jax', config=cfg, world=WorldInfo(0, 1, 0), "
+            "device=torch.device('cpu'), total_optimizer_steps=1, trainable=False)\n"
+            "print(policy.logprobs([Sample(token_ids=[5, 6, 7], prompt_length=1)])[0].shape)\n"
+            "policy.logprobs([Sample(token_ids=[5, 6, 512], prompt_length=1)])\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert "torch.Size([2])" in result.stdout, result.stdout + result.stderr
+    assert "token id 512 is outside" in result.stderr and "vocabulary of 512" in result.stderr, result.stderr[-2000:]

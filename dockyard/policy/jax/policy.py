@@ -2,10 +2,11 @@
 a device mesh `data x model` (policy.jax_cfg.mesh) with jax.sharding, trained by jitted steps with
 optax, checkpointed with orbax and refitted to the generation servers under the HF names.
 
-The mesh lives inside one trainer process: on GPUs its devices are the process's GPUs, on CPU host
-devices made by XLA (--xla_force_host_platform_device_count, set before JAX starts its backend).
-XLA partitions each jitted step over the mesh from the weights' and the batch's shardings (GSPMD):
-the `model` axis splits heads, MLP width and vocabulary as Megatron does, the `data` axis the rows.
+The mesh spans the trainer processes' devices (one JAX world over several processes, jax.distributed):
+on GPUs each process's GPUs, on CPU host devices made by XLA (--xla_force_host_platform_device_count,
+set before JAX starts its backend). XLA partitions each jitted step over the mesh from the weights'
+and the batch's shardings (GSPMD): the `model` axis splits heads, MLP width and vocabulary as
+Megatron does, the `data` axis the rows, each process contributing its samples' rows.
 
 Shapes are bucketed (rows to multiples of 8, widths to multiples of 64 / 16) so that a run compiles a
 handful of step programs, which the persistent compilation cache keeps across requeues."""
@@ -36,8 +37,8 @@ from dockyard.policy.samples import (PolicySetupError, Sample, TrainingInterrupt
                                      same_count_on_every_rank)
 
 FORMAT = "orbax"
-LAYOUT = "jax_layout.json"
-_WIDTH, _RESPONSES = 64, 16   # sequence and response widths are padded to multiples of these   # beside orbax/: the mesh that wrote it (informative: orbax reshards on load)
+LAYOUT = "jax_layout.json"   # beside orbax/: the mesh that wrote it (informative: orbax reshards on load)
+_WIDTH, _RESPONSES = 64, 16   # sequence and response widths are padded to multiples of these
 
 
 _distributed_started = False
@@ -219,6 +220,10 @@ class JaxPolicy(Policy):
             where[row, responses - n:] = np.arange(sample.prompt_length - 1, length - 1)
             targets[row, responses - n:] = sample.token_ids[sample.prompt_length:]
             present[row, responses - n:] = 1.0
+        if ids.size and int(ids.max()) >= self.shape.vocab:
+            # a gather in JAX clamps an index out of range instead of failing: it would train on another token
+            raise ValueError(f"token id {int(ids.max())} is outside {self.folder}'s vocabulary of {self.shape.vocab} "
+                             "(a tokenizer with tokens the model has no embedding for?)")
         allowed = np.tril(np.ones((width, width), bool))[None] & real[:, None, :]
         allowed |= np.eye(width, dtype=bool)[None]     # a padding query attends to itself: no empty softmax
         return {"ids": ids, "positions": np.broadcast_to(np.arange(width, dtype=np.int32), (rows, width)).copy(),
