@@ -99,21 +99,26 @@ def test_every_trained_group_is_within_the_lag_bound_and_tagged_with_its_version
     assert figures["async/refits"] >= 1 and figures["async/weights_version"] >= 4
 
 
+RESPONSE = 96   # tokens a sample decodes (with its prompt, within grpo_tiny's sequence length)
+
+
 def test_partial_rollouts_keep_their_tokens_versions_and_logprobs_across_a_refit(engine_server, tiny_model, tmp_path):
     driver, _, _ = make_driver(engine_server, tiny_model, tmp_path, "grpo.async_grpo.max_staleness_steps=1",
                                "grpo.async_grpo.partial_rollout=true",
-                               "grpo.async_grpo.mask_offpolicy_in_partial_rollout=true", max_tokens=96)
+                               "grpo.async_grpo.mask_offpolicy_in_partial_rollout=true", max_tokens=RESPONSE)
     driver.start()
     groups, resumed = [], []
     try:
         # A refit cuts a sample only while the engine decodes it; on a busy machine one may land before
-        # the first token or after the last, so refit again under the next version until one cuts.
-        for version in range(1, 7):
+        # the first token or after the last (a CI run on a loaded machine once missed six times with
+        # delays 0.1 to 0.6 s), so refit again under the next version, at delays cycling from short to
+        # long, until one cuts
+        for version in range(1, 13):
             deadline = time.monotonic() + 60
             while driver.inflight == 0:
                 assert time.monotonic() < deadline, "no generation request started within 60 s"
                 time.sleep(0.01)
-            time.sleep(0.1 * version)
+            time.sleep((0.05, 0.15, 0.3, 0.6)[(version - 1) % 4])
             driver.publish(version_weights(tiny_model, version), version)
             groups += driver.take(version - 1, timeout_s=120)
             driver.commit()
@@ -123,7 +128,7 @@ def test_partial_rollouts_keep_their_tokens_versions_and_logprobs_across_a_refit
         figures = driver.figures()
     finally:
         driver.close()
-    assert resumed, "no sample was continued across six refits"
+    assert resumed, "no sample was continued across twelve refits"
     assert figures["async/partial_resumes"] >= len(resumed)
     models: dict[int, torch.nn.Module] = {}
 
@@ -137,7 +142,7 @@ def test_partial_rollouts_keep_their_tokens_versions_and_logprobs_across_a_refit
     for t in resumed[:3]:
         sample = t.sample
         response = sample.token_ids[sample.prompt_length:]
-        assert len(response) == 96 and t.versions == sorted(t.versions)   # the old tokens kept, then new ones
+        assert len(response) == RESPONSE and t.versions == sorted(t.versions)   # the old tokens kept, then new ones
         ids = sample.token_ids[:sample.prompt_length]
         rollout = torch.tensor(sample.rollout_logprobs)
         # each token's logprob is the one of the weights that sampled it, not of another version
