@@ -28,6 +28,7 @@ import torch
 from dockyard.config.schema import MasterConfig
 from dockyard.config.topology import jax_mesh_line
 from dockyard.distributed import WorldInfo
+from dockyard.errors import ComponentError
 from dockyard.io.checkpoint import CheckpointLoadError, step_contents
 from dockyard.models import model_folder
 from dockyard.policy.base import Policy
@@ -42,6 +43,7 @@ _WIDTH, _RESPONSES = 64, 16   # sequence and response widths are padded to multi
 
 
 _distributed_started = False
+_JOIN_TIMEOUT_S = 300   # for every trainer process to reach JAX's coordinator
 
 
 def _start_jax(devices: int, platform: str, world: WorldInfo):
@@ -72,8 +74,14 @@ def _start_jax(devices: int, platform: str, world: WorldInfo):
         # JAX's preemption service takes SIGTERM for itself: dockyard's handler must see it to save and requeue
         jax.config.update("jax_enable_preemption_service", False)
         address = f"{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{_agreed_port(world)}"
-        jax.distributed.initialize(coordinator_address=address, num_processes=world.world_size,
-                                   process_id=world.rank, initialization_timeout=300)
+        try:
+            jax.distributed.initialize(coordinator_address=address, num_processes=world.world_size,
+                                       process_id=world.rank, initialization_timeout=_JOIN_TIMEOUT_S)
+        except Exception as err:   # XLA's runtime errors; the trainer prints this one without a traceback
+            raise ComponentError(f"trainer rank {world.rank}: the JAX world of {world.world_size} processes did not "
+                                 f"form within {_JOIN_TIMEOUT_S} s at the coordinator {address} (trainer rank 0): "
+                                 f"{str(err).strip().splitlines()[-1][:400] if str(err).strip() else type(err).__name__}"
+                                 ) from None
         _distributed_started = True
     available = jax.devices()
     if len(available) < devices:
