@@ -208,22 +208,26 @@ def test_a_mesh_larger_than_the_started_jax_is_refused_by_name():
 
 @pytest.mark.parametrize("remat", [True, False])
 def test_remat_recomputes_each_decoder_layer_in_the_backward_pass(tiny_model, remat):
-    import jax.numpy as jnp
-    import numpy as np
-
-    from dockyard.policy.jax.params import Weights, hf_tensors
-
-    shape = DecoderShape.of(json.loads((tiny_model / "config.json").read_text()), str(tiny_model), "jax")
-    weights = Weights(shape, remat=remat)
-    params = weights.from_hf(hf_tensors(tiny_model), str(tiny_model))
-    ids, positions = np.zeros((1, 8), np.int32), np.arange(8, dtype=np.int32)[None]
-    allowed = np.tril(np.ones((8, 8), bool))[None]
-
-    def total(params):
-        return weights.model(params).hidden_states(ids, positions, allowed, jnp.float32).sum()
-
-    program = str(jax.make_jaxpr(jax.grad(total))(params))
-    assert (program.count("remat") + program.count("checkpoint") >= shape.layers) == remat
+    """In a process of its own: building NNX modules in the test process left pytest's captured stderr
+    closed for a later test that runs `dockyard run` in-process."""
+    code = ("import json, jax, jax.numpy as jnp, numpy as np\n"
+            "from pathlib import Path\n"
+            "from dockyard.policy.decoder_shape import DecoderShape\n"
+            "from dockyard.policy.jax.params import Weights, hf_tensors\n"
+            f"folder = Path('{tiny_model}')\n"
+            "shape = DecoderShape.of(json.loads((folder / 'config.json').read_text()), str(folder), 'jax')\n"
+            f"weights = Weights(shape, remat={remat})\n"
+            "params = weights.from_hf(hf_tensors(folder), str(folder))\n"
+            "ids, positions = np.zeros((1, 8), np.int32), np.arange(8, dtype=np.int32)[None]\n"
+            "allowed = np.tril(np.ones((8, 8), bool))[None]\n"
+            "total = lambda p: weights.model(p).hidden_states(ids, positions, allowed, jnp.float32).sum()\n"
+            "program = str(jax.make_jaxpr(jax.grad(total))(params))\n"
+            "print('recomputed', program.count('remat') + program.count('checkpoint'), 'layers', shape.layers)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    found = [line.split() for line in result.stdout.splitlines() if line.startswith("recomputed")]
+    assert found, result.stdout + result.stderr[-2000:]
+    recomputed, layers = int(found[0][1]), int(found[0][3])
+    assert (recomputed >= layers) == remat, found
 
 
 def test_a_token_id_outside_the_vocabulary_is_refused_not_clamped(tiny_model, tmp_path):
