@@ -17,7 +17,6 @@ import copy
 import json
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 from urllib.parse import urlparse
@@ -27,20 +26,17 @@ import torch.distributed as dist
 
 from dockyard import registry
 from dockyard.config.schema import MasterConfig
-from dockyard.data.datasets import (DatasetError, Prompt, PromptLoader, build_messages, load_prompts,
-                                    prompt_token_ids)
+from dockyard.data.datasets import DatasetError, Prompt, PromptLoader, load_prompts
 from dockyard.distributed import WorldInfo, backend_for
-from dockyard.generation.engine import SamplingParams
 from dockyard.generation.fleet import GeneratorFleet
 from dockyard.generation.generator import GenerationServerError
 from dockyard.generation.health import wait_until_healthy
 from dockyard.generation.weight_transfer import FleetRefit, log_stderr
 from dockyard.io.checkpoint import CheckpointManager, rng_state, set_rng_state
 from dockyard.loop import stopping
-from dockyard.loop.agent_rollouts import AgentRolloutCollector
-from dockyard.loop.rollouts import RolloutCollector
+from dockyard.loop.prompt_codec import PromptCodec
 from dockyard.loop.stopping import RunStopped
-from dockyard.models import DTYPES, load_tokenizer
+from dockyard.models import DTYPES
 from dockyard.policy.samples import TrainingInterrupted
 
 
@@ -86,7 +82,6 @@ class Trainer:
     def __init__(self, cfg: MasterConfig, world: WorldInfo, device: torch.device, replicas: list[dict],
                  weight_sync_port: int):
         self.cfg, self.world, self.device = cfg, world, device
-        self.tokenizing = threading.Lock()   # before the prompts are judged (_prompt_fits) below
         grpo = cfg.grpo
         self.group_size = grpo.num_generations_per_prompt
         self.mini_batch = cfg.policy.train_global_batch_size
@@ -98,9 +93,8 @@ class Trainer:
         self.timer = PhaseTimer()
         if world.is_main:
             self.env = registry.build("environment", cfg.env.name, config=cfg.env)
-            self.tokenizer = load_tokenizer(cfg.policy.tokenizer_name or cfg.policy.model_name)
-            chat = cfg.policy.generation.chat_template
-            self.chat_template = Path(chat.path).read_text() if chat.path else None
+            self.codec = PromptCodec(cfg, self.env)
+            self.tokenizer, self.chat_template = self.codec.tokenizer, self.codec.chat_template
             self.prompt_limit = self.longest_prompt()
             accept = self._prompt_fits if self.prompt_limit is not None else None
             # an environment may turn its rows into prompts (lettered choices, its response format)
@@ -115,19 +109,7 @@ class Trainer:
             self.loaders = [PromptLoader(_without(prepare(load_prompts(d)), held_out, d.name), d.shuffle, cfg.policy.seed,
                                          accept=accept, name=d.name)
                             for d in cfg.data.datasets]
-            temperature = cfg.policy.generation.temperature
-            decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)   # noqa: E731
-            sampling = lambda lengths, n, seed, t=None: self._sampling(   # noqa: E731
-                lengths, n, temperature if t is None else t, seed)
-            if cfg.env.agent is not None:   # multi-turn episodes (agent_rollouts.py)
-                self.collector = AgentRolloutCollector(
-                    cfg, self.env, self.loaders, generate=self._generate, sampling=sampling, decode=decode,
-                    tokenizer=self.tokenizer, chat_template=self.chat_template,
-                    template_kwargs=chat.generation_prompt_kwargs, timer=self.timer)
-            else:
-                self.collector = RolloutCollector(cfg, self.env, self.loaders, generate=self._generate,
-                                                  prompt_ids=self._prompt_ids, sampling=sampling, decode=decode,
-                                                  timer=self.timer)
+            self.collector = self.codec.collector(self.loaders, self._generate, self.timer)
             self.fleet = self._fleet(replicas)
             self.weights_out = FleetRefit(
                 self.fleet.replicas, [urlparse(r["url"]).hostname or "" for r in replicas],
@@ -152,10 +134,7 @@ class Trainer:
     # --- helpers ------------------------------------------------------------------------------
 
     def _prompt_ids(self, prompt: Prompt) -> list[int]:
-        messages = build_messages(prompt, self.cfg.data.add_system_prompt, getattr(self.env, "instruction", None))
-        with self.tokenizing:   # a fast tokenizer used from two threads at once can fail ("Already borrowed")
-            return prompt_token_ids(self.tokenizer, messages, self.chat_template,
-                                    self.cfg.policy.generation.chat_template.generation_prompt_kwargs)
+        return self.codec.prompt_ids(prompt)
 
     def longest_prompt(self) -> int | None:
         """Prompts longer than this many tokens are skipped: data.max_input_seq_length, else the longest
@@ -182,18 +161,6 @@ class Trainer:
                                f"({self.prompt_limit} tokens: data.max_input_seq_length, "
                                "policy.max_total_sequence_length)")
         return kept
-
-    def _sampling(self, prompt_lengths: list[int], n: int, temperature: float, seed: int) -> SamplingParams:
-        gen = self.cfg.policy.generation
-        room = self.cfg.policy.max_total_sequence_length - max(prompt_lengths)
-        if room < 1:
-            raise DatasetError(f"a prompt of {max(prompt_lengths)} tokens leaves no room to generate within "
-                               f"policy.max_total_sequence_length ({self.cfg.policy.max_total_sequence_length}); "
-                               "lower data.datasets[].max_prompt_chars")
-        max_tokens = min(room, gen.max_new_tokens) if gen.max_new_tokens else room
-        return SamplingParams(n=n, max_tokens=max_tokens, temperature=temperature, top_p=gen.top_p, top_k=gen.top_k,
-                              stop=list(gen.stop_strings), stop_token_ids=list(gen.stop_token_ids),
-                              ignore_eos=gen.ignore_eos, seed=seed)
 
     def _fleet(self, replicas: list[dict]) -> GeneratorFleet:
         """Clients of the run's generation replicas ({name, url, log} each), of the configured backend."""
@@ -249,7 +216,7 @@ class Trainer:
         """Before validation: the engine serves the weights just trained."""
         self.refit()
 
-    def _generate(self, prompt_ids: list[list[int]], params: SamplingParams):
+    def _generate(self, prompt_ids: list[list[int]], params):
         completions = self.fleet.generate(prompt_ids, params)
         self.engine_seconds += float(self.fleet.last_usage.get("generation_seconds", 0.0))
         return completions
