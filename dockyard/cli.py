@@ -99,6 +99,13 @@ def cmd_run(ns: argparse.Namespace) -> int:
     return EXIT_CONFIG if loaded is None else run_local(loaded)
 
 
+def cmd_rollout_worker(ns: argparse.Namespace) -> int:
+    from dockyard.plane.worker import run_worker
+
+    loaded = _load(ns, "rollout-worker")
+    return EXIT_CONFIG if loaded is None else run_worker(loaded, ns.worker_id, ns.max_groups)
+
+
 def cmd_list(ns: argparse.Namespace) -> int:
     kinds = [ns.kind] if ns.kind else list(registry.KINDS)
     for kind in kinds:
@@ -269,6 +276,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(run)
     run.add_argument("overrides", nargs="*", metavar="OVERRIDE", help="Hydra overrides")
     run.set_defaults(func=cmd_run)
+
+    worker = sub.add_parser("rollout-worker", help="join a data-plane run (data_plane) as a rollout worker: start "
+                            "generation servers here, take prompts, push scored groups, follow weight versions")
+    _add_config_args(worker)
+    worker.add_argument("--worker-id", help="the worker's name on the plane (default: host and Slurm job or pid)")
+    worker.add_argument("--max-groups", type=int, help="leave after pushing this many groups")
+    worker.add_argument("overrides", nargs="*", metavar="OVERRIDE", help="Hydra overrides")
+    worker.set_defaults(func=cmd_rollout_worker)
 
     env = sub.add_parser("env", help="environment tools").add_subparsers(dest="env_command", required=True)
     env_check = env.add_parser("check", help="run every task with the oracle or no-op agent in the configured "

@@ -24,6 +24,7 @@ from dockyard.loop import stopping
 from dockyard.loop.async_grpo import AsyncGRPOTrainer
 from dockyard.loop.distillation import OnPolicyDistillationTrainer
 from dockyard.loop.grpo import GRPOTrainer
+from dockyard.loop.plane_grpo import DataPlaneGRPOTrainer
 from dockyard.loop.sft import SFTTrainer
 from dockyard.loop.trainer import Trainer
 from dockyard.loop.stopping import RunStopped
@@ -35,6 +36,8 @@ def loop_for(cfg: MasterConfig) -> type[Trainer]:
         return SFTTrainer
     if cfg.grpo.adv_estimator.name == "opd":
         return OnPolicyDistillationTrainer
+    if cfg.data_plane is not None:
+        return DataPlaneGRPOTrainer
     if cfg.grpo.async_grpo.enabled:
         return AsyncGRPOTrainer
     return GRPOTrainer

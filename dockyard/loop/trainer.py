@@ -110,13 +110,7 @@ class Trainer:
                                          accept=accept, name=d.name)
                             for d in cfg.data.datasets]
             self.collector = self.codec.collector(self.loaders, self._generate, self.timer)
-            self.fleet = self._fleet(replicas)
-            self.weights_out = FleetRefit(
-                self.fleet.replicas, [urlparse(r["url"]).hostname or "" for r in replicas],
-                cfg.policy.generation.weight_transfer,
-                # the address the servers reach trainer rank 0 at (its node name under Slurm)
-                os.environ.get("DOCKYARD_WEIGHT_SYNC_ADDR", "127.0.0.1"), weight_sync_port,
-                backend=backend_for(device), log=log_stderr)
+            self.fleet, self.weights_out = self._generation(replicas, weight_sync_port)
         self.engine_is_current = False
         self.engine_seconds = 0.0
         self.resumed_state: dict = {}
@@ -161,6 +155,16 @@ class Trainer:
                                f"({self.prompt_limit} tokens: data.max_input_seq_length, "
                                "policy.max_total_sequence_length)")
         return kept
+
+    def _generation(self, replicas: list[dict], weight_sync_port: int) -> tuple[GeneratorFleet, FleetRefit]:
+        """The run's generation fleet and the path the trainer's weights take to it."""
+        fleet = self._fleet(replicas)
+        return fleet, FleetRefit(
+            fleet.replicas, [urlparse(r["url"]).hostname or "" for r in replicas],
+            self.cfg.policy.generation.weight_transfer,
+            # the address the servers reach trainer rank 0 at (its node name under Slurm)
+            os.environ.get("DOCKYARD_WEIGHT_SYNC_ADDR", "127.0.0.1"), weight_sync_port,
+            backend=backend_for(self.device), log=log_stderr)
 
     def _fleet(self, replicas: list[dict]) -> GeneratorFleet:
         """Clients of the run's generation replicas ({name, url, log} each), of the configured backend."""

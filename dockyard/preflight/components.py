@@ -31,7 +31,6 @@ def _features(cfg: MasterConfig) -> list[tuple[str, bool]]:
     return [
         ("grpo.skip_prev_logprobs", grpo.skip_prev_logprobs),
         ("grpo.run_mode", grpo.run_mode != "default"),
-        ("data_plane", cfg.data_plane is not None),
     ]
 
 

@@ -24,6 +24,7 @@ from dockyard import registry
 from dockyard.config import topology
 from dockyard.config.loader import LoadedConfig, import_folders
 from dockyard.distributed import free_port
+from dockyard.errors import DockyardError
 from dockyard.generation.health import HealthProbe
 from dockyard.config.topology import teacher_servers
 from dockyard.loop.teachers import teacher_model_folder
@@ -112,7 +113,8 @@ def run_local(loaded: LoadedConfig) -> int:
     master_port = free_port()
     server = registry.build("generation_backend", cfg.policy.generation.backend, config=cfg)
     backend = cfg.policy.generation.backend
-    count = topology.rollout_replicas(cfg)
+    # a data-plane run generates in rollout-worker jobs (`dockyard rollout-worker`), not beside the trainer
+    count = 0 if cfg.data_plane is not None else topology.rollout_replicas(cfg)
     children: list[Child] = []
     replicas: list[dict] = []
     clients = []
@@ -134,14 +136,8 @@ def run_local(loaded: LoadedConfig) -> int:
             launches.append((launcher, f"teacher {name}" + (f" replica {index}" if index else "") + f" ({backend})",
                              log_dir / f"teacher_{name}_{index}.log", cfg.cluster.teacher.env, {}, name))
     for slot, (launcher, name, log, group_env, devices, teacher) in enumerate(launches):
-        port = free_port()
-        cpus, threads = core_share(slot, len(launches), cores)
-        env = {**os.environ, **launcher.environment(cpus), **group_env, **devices}
-        with open(log, "w") as handle:
-            process = subprocess.Popen(launcher.command(port=port, threads=threads), stdout=handle, env=env,
-                                       stderr=subprocess.STDOUT, start_new_session=True)
-        children.append(Child(name, process, log))
-        url = f"http://127.0.0.1:{port}"
+        child, url = start_server(launcher, name, log, {**group_env, **devices}, slot, len(launches), cores)
+        children.append(child)
         entry = {"name": name, "url": url, "log": str(log)}
         if teacher is None:
             replicas.append(entry)
@@ -152,6 +148,16 @@ def run_local(loaded: LoadedConfig) -> int:
     health = HealthProbe(clients, start_timeout_s=ENGINE_HEALTH_TIMEOUT_S)
     stopping.servers_ready = lambda: all(health.ready)
     try:
+        broker = _start_broker(cfg, log_dir) if cfg.data_plane is not None and cfg.data_plane.start else None
+    except DockyardError as err:
+        print(f"dockyard run: {err.report()}", file=sys.stderr)
+        _stop(children)
+        return err.exit_status
+    try:
+        if cfg.data_plane is not None:
+            print(f"dockyard run: data plane: rollouts come from rollout workers; start them with `dockyard "
+                  f"rollout-worker --config {config_file}` (here or as jobs: slurm/rollout_worker.sbatch)",
+                  file=sys.stderr, flush=True)
         print(f"dockyard run: starting {len(replicas)} {backend} generation server{'s' if len(replicas) > 1 else ''}"
               + (f" and {len(teacher_list)} teacher server{'s' if len(teacher_list) > 1 else ''}" if teacher_list else "")
               + f" (logs: {', '.join(str(launch[2]) for launch in launches)})", file=sys.stderr, flush=True)
@@ -174,7 +180,7 @@ def run_local(loaded: LoadedConfig) -> int:
             {child.name: {"pid": child.process.pid, "log": str(child.log) if child.log else None}
              for child in children}, indent=2))
         print(f"dockyard run: {world_size} trainer rank(s) started; logs in {log_dir}", file=sys.stderr, flush=True)
-        code = _supervise(children[:count], children[count:], health)
+        code = _supervise(children[:count], children[count:], health, broker)
         if stopping.signum is not None and code == 0:
             print(f"dockyard run: stopped; {_last_checkpoint(cfg)}. Run the same command again to resume.",
                   file=sys.stderr)
@@ -189,9 +195,21 @@ def run_local(loaded: LoadedConfig) -> int:
             signal.signal(signum, signal.SIG_IGN)  # a repeated kill must not cut the stopping short
         if not all(health.ready):   # rank 0 waits for every server before step 1: nothing to save
             stop_processes((child.process for child in children[count:]), 0)
-        _stop(children)
+        _stop(children + ([broker.child] if broker is not None else []))
         for client in clients:
             client.close()
+
+
+def start_server(launcher, name: str, log: Path, extra_env: dict, slot: int, slots: int, cores: int
+                 ) -> tuple[Child, str]:
+    """A generation server on this machine, bound to its share of the cores: the process and its URL."""
+    port = free_port()
+    cpus, threads = core_share(slot, slots, cores)
+    env = {**os.environ, **launcher.environment(cpus), **extra_env}
+    with open(log, "w") as handle:
+        process = subprocess.Popen(launcher.command(port=port, threads=threads), stdout=handle, env=env,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    return Child(name, process, log), f"http://127.0.0.1:{port}"
 
 
 def replica_devices(cfg, index: int) -> dict[str, str]:
@@ -203,9 +221,52 @@ def replica_devices(cfg, index: int) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": ",".join(str(first + i) for i in range(per))}
 
 
-def _supervise(servers: list[Child], ranks: list[Child], health: HealthProbe) -> int:
+class _Broker:
+    """The data plane's broker beside the trainer (data_plane.start): started again, on the same port and
+    from its append-only file, should it die; the trainer and the workers wait it out meanwhile."""
+
+    RESTARTS = 3
+
+    def __init__(self, cfg, log: Path):
+        from dockyard.plane.broker import start_broker
+
+        self.cfg, self.log, self.restarts = cfg, log, 0
+        process, self.address = start_broker(cfg, "127.0.0.1", log)
+        self.child = Child("data plane broker", process, log)
+
+    def watch(self) -> int | None:
+        """None while it runs (or was started again); an exit status once it died too often."""
+        from dockyard.plane.broker import start_broker
+
+        code = self.child.process.poll()
+        if code is None:
+            return None
+        if self.restarts == self.RESTARTS:
+            print(f"dockyard run: the {self.child.describe()} exited with status {code} for the "
+                  f"{self.restarts + 1}th time; stopping the run\n{log_tail(self.log)}", file=sys.stderr)
+            return 3
+        self.restarts += 1
+        port = int(self.address.rpartition(":")[2])
+        process, self.address = start_broker(self.cfg.model_copy(update={"data_plane": self.cfg.data_plane.model_copy(
+            update={"port": port})}), "127.0.0.1", self.log)
+        print(f"dockyard run: the {self.child.describe()} exited with status {code}; started it again at "
+              f"{self.address} from its append-only file", file=sys.stderr, flush=True)
+        self.child = Child("data plane broker", process, self.log)
+        return None
+
+
+def _start_broker(cfg, log_dir: Path) -> _Broker:
+    broker = _Broker(cfg, log_dir / "broker.log")
+    print(f"dockyard run: data plane broker (redis-server) at {broker.address}, append-only file in "
+          f"{Path(cfg.checkpointing.checkpoint_dir) / 'data_plane' / 'broker'}", file=sys.stderr, flush=True)
+    return broker
+
+
+def _supervise(servers: list[Child], ranks: list[Child], health: HealthProbe, broker: _Broker | None = None) -> int:
     """Wait for rank 0 to finish; any process that dies first, or a server that hangs, ends the run, named."""
     while True:
+        if broker is not None and (code := broker.watch()) is not None:
+            return code
         for child in ranks:
             code = child.process.poll()
             if code is not None and code != 0:

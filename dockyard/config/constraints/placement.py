@@ -12,7 +12,7 @@ from dockyard.config.schema import MasterConfig
 
 @rule
 def group_placement(cfg: MasterConfig) -> Iterator[Problem]:
-    """colocate true: rollout and teacher GPUs are each <= trainer GPUs; colocate false: a rollout group exists and trainer + rollout + teacher nodes = cluster.num_nodes."""
+    """colocate true: rollout and teacher GPUs are each <= trainer GPUs; colocate false: a rollout group exists and trainer + rollout + teacher nodes = cluster.num_nodes (with data_plane, rollout nodes size each worker job and are not counted)."""
     cluster = cfg.cluster
     trainer = topology.trainer_world_size(cfg)
     if cluster.colocate:
@@ -26,12 +26,16 @@ def group_placement(cfg: MasterConfig) -> Iterator[Problem]:
                           f"must be <= trainer {devices_word(cfg)} ({trainer})")
         return
     if cluster.rollout.num_nodes < 1:
-        yield Problem("cluster.rollout.num_nodes", "with cluster.colocate false the rollout group needs at least one node")
-    used = topology.trainer_nodes(cfg) + cluster.rollout.num_nodes + cluster.teacher.num_nodes
+        yield Problem("cluster.rollout.num_nodes", "with cluster.colocate false the rollout group needs at least one node"
+                      + (" (with data_plane: the nodes of each rollout-worker job)" if cfg.data_plane else ""))
+    # with a data plane the rollout group sizes each rollout-worker job, not a part of the trainer's job
+    rollout = 0 if cfg.data_plane is not None else cluster.rollout.num_nodes
+    used = topology.trainer_nodes(cfg) + rollout + cluster.teacher.num_nodes
     if cluster.trainer.num_nodes is not None and used != cluster.num_nodes:
         yield Problem("cluster.num_nodes", f"trainer + rollout + teacher nodes ({cluster.trainer.num_nodes} + "
-                      f"{cluster.rollout.num_nodes} + {cluster.teacher.num_nodes} = {used}) must equal "
-                      f"cluster.num_nodes ({cluster.num_nodes})")
+                      f"{rollout} + {cluster.teacher.num_nodes} = {used}) must equal "
+                      f"cluster.num_nodes ({cluster.num_nodes})"
+                      + ("; with data_plane the rollout nodes are the worker jobs'" if cfg.data_plane else ""))
 
 
 @rule

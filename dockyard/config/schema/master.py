@@ -17,7 +17,8 @@ from dockyard.config.schema.grpo import GRPOConfig
 from dockyard.config.schema.logger import LoggerConfig
 from dockyard.config.schema.loss import LossConfig
 from dockyard.config.schema.policy import PolicyConfig
-from dockyard.config.schema.sft import DataPlaneConfig, SFTConfig
+from dockyard.config.schema.data_plane import DataPlaneConfig
+from dockyard.config.schema.sft import SFTConfig
 
 
 class MasterConfig(BaseModel):

@@ -1,12 +1,10 @@
-"""`sft` (supervised fine-tuning) and `data_plane` (external experience transfer)."""
+"""`sft` (supervised fine-tuning)."""
 
 from __future__ import annotations
 
-from typing import Optional
-
 from pydantic import NonNegativeInt, PositiveInt
 
-from dockyard.config.fields import OpenSection, Section, field
+from dockyard.config.fields import Section, field
 
 
 class SFTConfig(Section):
@@ -17,11 +15,3 @@ class SFTConfig(Section):
     packing: bool = field(True, "Pack several conversations into one row of up to "
                           "policy.dynamic_batching.max_tokens_per_gpu tokens, each attending only to itself.",
                           "Needs policy.dynamic_batching.enabled and sdpa or eager attention.")
-
-
-class DataPlaneConfig(OpenSection):
-    """Extra keys are passed to the plane's client."""
-
-    address: str = field(..., "host:port of the experience-transfer service.")
-    buffer_size: PositiveInt = field(1024, "Trajectories buffered before back-pressure.")
-    timeout_s: Optional[float] = field(600.0, "Wait for a batch of trajectories.", gt=0)
