@@ -17,7 +17,7 @@ import time
 
 from dockyard.loop.async_grpo import AsyncGRPOTrainer
 from dockyard.loop.trainer import Trainer
-from dockyard.plane.broker import Broker, option_problems
+from dockyard.plane.broker import Broker, BrokerUnreachable, WaitCancelled, option_problems
 from dockyard.plane.feed import PlaneFeed
 from dockyard.plane.weights import WeightPublisher
 from dockyard.config.errors import ConfigError
@@ -99,7 +99,15 @@ class DataPlaneGRPOTrainer(AsyncGRPOTrainer):
     def _save(self, step: int, metrics: dict[str, float]) -> None:
         super()._save(step, metrics)
         if self.world.is_main and self.feed is not None:
-            self.feed.acknowledge()
+            if self.stopper.requested:
+                self.feed.broker.cancelled = lambda: True   # a stop does not wait out a broker outage
+            try:
+                self.feed.acknowledge()
+            except (WaitCancelled, BrokerUnreachable):
+                if not self.stopper.requested:
+                    raise
+                _say("dockyard: data plane: the broker does not answer; the checkpoint's groups are "
+                     "acknowledged when the run resumes")
 
     # --- run ----------------------------------------------------------------------------------
 
@@ -115,8 +123,16 @@ class DataPlaneGRPOTrainer(AsyncGRPOTrainer):
                  f"rollout worker(s) alive; weights in {self.publisher.root}")
         del weights
         self.published = start
-        Trainer._run_steps(self, start, logger, gpus)
-        if self.world.is_main:
-            b = self.feed.broker
-            b.call("announcing the run's end", lambda: b.redis.hset(b.key("state"), "finished", 1))
-            _say(f"dockyard: data plane: {self.feed.accounting()}")
+        try:
+            Trainer._run_steps(self, start, logger, gpus)
+            if self.world.is_main:
+                b = self.feed.broker
+                b.call("announcing the run's end", lambda: b.redis.hset(b.key("state"), "finished", 1))
+        finally:
+            if self.world.is_main:   # after a stop too: what the saved checkpoint left on the plane
+                try:
+                    self.feed.broker.cancelled = lambda: True
+                    _say(f"dockyard: data plane: {self.feed.accounting()}")
+                except (WaitCancelled, BrokerUnreachable):
+                    _say(f"dockyard: data plane: the broker at {self.feed.broker.address} does not answer; "
+                         "no accounting")

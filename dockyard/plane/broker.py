@@ -28,6 +28,10 @@ class BrokerUnreachable(ComponentError):
     label = "data plane"
 
 
+class WaitCancelled(Exception):
+    """A stop came while a call waited for the broker (not an error: the caller is stopping)."""
+
+
 def broker_folder(cfg) -> Path:
     return Path(cfg.checkpointing.checkpoint_dir) / "data_plane"
 
@@ -85,6 +89,7 @@ class Broker:
         self.log = log or (lambda message: print(message, file=sys.stderr, flush=True))
         self.who = who
         self.fixed_address = address
+        self.cancelled: Callable[[], bool] = lambda: False   # a stop ends an outage wait (WaitCancelled)
         self.ns = namespace(cfg)
         self._errors = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, ConnectionRefusedError)
         self._connect(address or resolve_address(cfg, wait_s=self.timeout_s))
@@ -112,6 +117,8 @@ class Broker:
                 result = fn()
             except self._errors as err:
                 waited = time.monotonic() - started
+                if self.cancelled():
+                    raise WaitCancelled(what) from None
                 if waited > self.timeout_s:
                     raise BrokerUnreachable(f"the broker at {self.address} did not answer for {waited:.0f} s "
                                             f"(data_plane.timeout_s) while {what}: {err}") from None

@@ -31,7 +31,7 @@ from dockyard.data.datasets import PromptLoader
 from dockyard.errors import ComponentError
 from dockyard.loop.rollout_window import pipeline_capacity
 from dockyard.loop.rollouts import Group
-from dockyard.plane.broker import Broker
+from dockyard.plane.broker import Broker, WaitCancelled
 from dockyard.plane.messages import decode_group, encode_prompt
 
 PROMPTS, GROUPS, WORKERS, TRAINER = "prompts", "groups", "workers", "trainer"
@@ -156,6 +156,16 @@ class PlaneFeed:
         """The step's B groups, in the order they arrive; None when stop() turns true first."""
         b, groups, self.taken = self.broker, [], []
         deadline = time.monotonic() + timeout_s
+        b.cancelled = stop
+        try:
+            return self._take(trainer_version, timeout_s, stop, groups, deadline)
+        except WaitCancelled:
+            return None
+        finally:
+            b.cancelled = lambda: False
+
+    def _take(self, trainer_version, timeout_s, stop, groups, deadline):
+        b = self.broker
         while len(groups) < self.batch:
             if stop():
                 return None

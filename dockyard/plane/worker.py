@@ -30,7 +30,7 @@ from dockyard.generation.fleet import GeneratorFleet
 from dockyard.generation.generator import GenerationServerError
 from dockyard.generation.health import wait_until_healthy
 from dockyard.loop.prompt_codec import PromptCodec
-from dockyard.plane.broker import Broker
+from dockyard.plane.broker import Broker, WaitCancelled
 from dockyard.plane.feed import GROUPS, PROMPTS, WORKERS, ensure_groups
 from dockyard.plane.messages import decode_prompt, encode_trajectories
 from dockyard.plane.weights import announced
@@ -88,33 +88,40 @@ class RolloutWorker:
         self.codec = PromptCodec(cfg, env)
         self.collector = self.codec.collector([], self._generate)
         self.broker = b = Broker(cfg, who=f"dockyard rollout-worker {self.name}")
+        b.cancelled = self.stopping.is_set
         ensure_groups(b)
         b.call("joining", lambda: b.redis.hincrby(b.key("counters"), "joined", 1))
         beat = threading.Thread(target=self._heartbeat, daemon=True, name="heartbeat")
         beat.start()
         say(f"dockyard rollout-worker {self.name}: joined the plane at {b.address} (namespace {b.ns})")
         try:
-            while not self.stopping.is_set():
-                self._check_servers()
-                if b.call("reading the run's state", lambda: b.redis.hget(b.key("state"), "finished")):
-                    say(f"dockyard rollout-worker {self.name}: the run has finished; leaving")
-                    break
-                if not self._follow_weights():
-                    self.stopping.wait(1.0)
-                    continue
-                tasks = self._take()
-                try:
-                    if tasks:
-                        self._answer(tasks)
-                except Exception:
-                    if self.stopping.is_set():   # requests aborted by the stop: the prompts go back
-                        break
-                    raise
-                if self.max_groups is not None and self.groups >= self.max_groups:
-                    break
+            self._loop()
+        except WaitCancelled:
+            pass   # stopped during a broker outage
         finally:
             self._leave()
         return 0
+
+    def _loop(self) -> None:
+        b = self.broker
+        while not self.stopping.is_set():
+            self._check_servers()
+            if b.call("reading the run's state", lambda: b.redis.hget(b.key("state"), "finished")):
+                say(f"dockyard rollout-worker {self.name}: the run has finished; leaving")
+                break
+            if not self._follow_weights():
+                self.stopping.wait(1.0)
+                continue
+            tasks = self._take()
+            try:
+                if tasks:
+                    self._answer(tasks)
+            except Exception:
+                if self.stopping.is_set():   # requests aborted by the stop: the prompts go back
+                    break
+                raise
+            if self.max_groups is not None and self.groups >= self.max_groups:
+                break
 
     # --- the loop's parts -------------------------------------------------------------------
 

@@ -1,0 +1,179 @@
+"""The data plane end to end on this machine: `dockyard run` (2 trainer ranks and the broker it starts,
+a real redis-server) with real `dockyard rollout-worker` processes, each with its own embedded engine.
+Workers join and leave mid-run, the trainer is killed between reading groups and checkpointing them,
+the broker is killed and started again: every group is accounted for and none is trained twice."""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed "
+                                "(tools/install.sh installs it)")
+
+CONFIG = "grpo_tiny_plane.yaml"
+ACCOUNTING = re.compile(r"produced (\d+) = trained (\d+) \+ stale (\d+) \+ duplicate (\d+) \+ in flight (\d+); "
+                        r"lost (-?\d+); workers joined (\d+), left (\d+)")
+
+
+def _start(workdir: Path, model: Path, command: str, *args: str) -> subprocess.Popen:
+    workdir.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen([sys.executable, "-m", "dockyard.cli", command, "--config", CONFIG,
+                             f"models_dir={model.parent}", *args], cwd=workdir, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def _finish(process: subprocess.Popen, timeout: float = 300) -> str:
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    return output
+
+
+def _steps(workdir: Path) -> list[dict]:
+    path = workdir / "runs" / "grpo_tiny_plane" / "logs" / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def _wait(condition, what: str, timeout: float = 180, trainer: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if trainer is not None and trainer.poll() is not None:
+            raise AssertionError(f"the trainer exited ({trainer.returncode}) while waiting for {what}:\n"
+                                 + trainer.stdout.read()[-3000:])
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {timeout:.0f} s for {what}")
+        time.sleep(0.2)
+
+
+def _accounting(output: str) -> dict[str, int]:
+    found = ACCOUNTING.findall(output)
+    assert found, output[-3000:]
+    names = ("produced", "trained", "stale", "duplicate", "in_flight", "lost", "joined", "left")
+    return dict(zip(names, map(int, found[-1])))
+
+
+def _rows(step: dict) -> list[int]:
+    return step["async/prompt_rows"]
+
+
+def test_workers_join_and_leave_while_the_trainer_steps_and_every_group_is_accounted_for(tiny_model, tmp_path):
+    trainer = _start(tmp_path, tiny_model, "run", "grpo.max_num_steps=1000")
+    workers = {name: _start(tmp_path, tiny_model, "rollout-worker", "--worker-id", name) for name in ("first", "second")}
+    try:
+        _wait(lambda: any(m["plane/workers"] == 2 for m in _steps(tmp_path)), "a step with both workers",
+              trainer=trainer)
+        os.killpg(workers["first"].pid, signal.SIGTERM)   # what scancel and a preemption send
+        workers["third"] = _start(tmp_path, tiny_model, "rollout-worker", "--worker-id", "third")
+        first_output = _finish(workers["first"], 120)
+        at_leave = len(_steps(tmp_path))
+        _wait(lambda: any(m["plane/workers_joined"] == 3 and m["plane/workers"] == 2 for m in _steps(tmp_path)),
+              "a step with the second and third workers")
+        joined_at = len(_steps(tmp_path))
+        _wait(lambda: len(_steps(tmp_path)) >= joined_at + 3, "three more steps")
+        os.killpg(trainer.pid, signal.SIGINT)   # Ctrl-C: the trainer saves at its next safe point and stops
+        output = _finish(trainer)
+        for name in ("second", "third"):
+            os.killpg(workers[name].pid, signal.SIGTERM)
+        others = {name: _finish(workers[name], 120) for name in ("second", "third")}
+    finally:
+        for process in (trainer, *workers.values()):
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+    assert trainer.returncode == 128 + signal.SIGINT, output[-3000:]
+    for name, text in {"first": first_output, **others}.items():
+        assert workers[name].returncode == 0 and "left after" in text, (name, text[-2000:])
+    assert not re.search(r"left after 0 group", others["third"]), others["third"][-2000:]
+    history = _steps(tmp_path)
+    steps = len(history)
+    assert [m["step"] for m in history] == list(range(1, steps + 1)) and at_leave < steps
+    assert all(m["plane/groups_per_s"] > 0 for m in history)
+    rows = [row for m in history for row in _rows(m)]
+    assert len(rows) == steps * 4 and len(set(rows)) == len(rows)   # no prompt trained twice
+    assert all(lag <= 1 for m in history for lag in m["async/lag"])   # the staleness bound holds
+    count = _accounting(output)
+    assert count["lost"] == 0 and count["trained"] == steps * 4, count
+    assert count["joined"] == 3 and count["left"] == 1, count
+    # version folders no live worker serves are removed (those a lagging worker still serves stay); the last stays
+    weights = tmp_path / "runs" / "grpo_tiny_plane" / "checkpoints" / "data_plane" / "weights"
+    assert (weights / f"v{steps}" / "model.safetensors").is_file()
+    kept = sorted(int(folder.name[1:]) for folder in weights.glob("v*"))
+    assert kept == list(range(kept[0], steps + 1)) and kept[0] > 2, kept
+
+
+def test_a_trainer_killed_between_reading_and_checkpointing_trains_the_same_groups_again(tiny_model, tmp_path):
+    overrides = ("checkpointing.save_period=2",)
+    trainer = _start(tmp_path, tiny_model, "run", "grpo.max_num_steps=1000", *overrides)
+    worker = _start(tmp_path, tiny_model, "rollout-worker", "--worker-id", "steady")
+    try:
+        _wait(lambda: len(_steps(tmp_path)) >= 3, "three steps", trainer=trainer)
+        processes = json.loads((tmp_path / "runs" / "grpo_tiny_plane" / "logs" / "processes.json").read_text())
+        os.kill(processes["trainer rank 0"]["pid"], signal.SIGKILL)   # step 3 read and trained, not checkpointed
+        killed = _finish(trainer, 120)
+        first = _steps(tmp_path)
+        assert trainer.returncode != 0, killed[-2000:]
+        checkpoint = int((tmp_path / "runs" / "grpo_tiny_plane" / "checkpoints" /
+                          "latest_checkpointed_iteration.txt").read_text())
+        assert checkpoint % 2 == 0 and checkpoint < len(first)
+        (tmp_path / "runs" / "grpo_tiny_plane" / "logs" / "metrics.jsonl").rename(tmp_path / "first.jsonl")
+        again = _start(tmp_path, tiny_model, "run", f"grpo.max_num_steps={checkpoint + 3}", *overrides)
+        output = _finish(again)
+        worker_output = _finish(worker, 60)
+    finally:
+        for process in (trainer, worker):
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+    assert again.returncode == 0, output[-3000:]
+    assert "read but not checkpointed before the stop are trained again first" in output
+    assert "does not answer" in worker_output and "answers again" in worker_output, worker_output[-2000:]
+    second = _steps(tmp_path)
+    assert second[0]["step"] == checkpoint + 1
+    # the first step after the checkpoint trains exactly the groups the killed trainer had read for it
+    assert sorted(_rows(second[0])) == sorted(_rows(first[checkpoint]))
+    trained = [row for m in first[:checkpoint] + second for row in _rows(m)]
+    assert len(trained) == len(set(trained)), "a prompt was trained twice"
+    count = _accounting(output)
+    assert count["lost"] == 0 and count["trained"] == (checkpoint + 3) * 4, count
+
+
+def test_the_broker_killed_mid_run_pauses_the_run_which_goes_on_when_it_is_back(tiny_model, tmp_path):
+    from dockyard.distributed import free_port
+
+    port, folder = free_port(), tmp_path / "broker"
+    folder.mkdir()
+    server = ["redis-server", "--port", str(port), "--dir", str(folder), "--appendonly", "yes",
+              "--appendfsync", "always", "--save", ""]
+    broker = subprocess.Popen(server, stdout=subprocess.DEVNULL)
+    plane = ("data_plane.start=false", f"data_plane.address=127.0.0.1:{port}")
+    trainer = _start(tmp_path, tiny_model, "run", "grpo.max_num_steps=6", *plane)
+    worker = _start(tmp_path, tiny_model, "rollout-worker", *plane)
+    try:
+        _wait(lambda: len(_steps(tmp_path)) >= 2, "two steps", trainer=trainer)
+        broker.kill()
+        broker.wait()
+        time.sleep(4)
+        broker = subprocess.Popen(server, stdout=subprocess.DEVNULL)
+        output = _finish(trainer)
+        worker_output = _finish(worker, 60)
+    finally:
+        for process in (trainer, worker):
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+        broker.kill()
+    assert trainer.returncode == 0, output[-3000:]
+    assert f"the broker at 127.0.0.1:{port} does not answer" in output + worker_output
+    assert "answers again" in output + worker_output
+    history = _steps(tmp_path)
+    assert [m["step"] for m in history] == list(range(1, 7))
+    rows = [row for m in history for row in _rows(m)]
+    assert len(rows) == len(set(rows))
+    assert _accounting(output)["lost"] == 0
