@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
@@ -90,3 +91,29 @@ def publish_address(address_file: str | Path, port: int) -> None:
     tmp = target.with_name(target.name + ".tmp")
     tmp.write_text(json.dumps({"host": socket.gethostname(), "port": port, "pid": os.getpid()}))
     os.replace(tmp, target)
+
+
+@dataclass
+class Child:
+    name: str
+    process: subprocess.Popen
+    log: Path | None
+
+    def describe(self) -> str:
+        where = f" (log: {self.log})" if self.log else ""
+        return f"{self.name} (pid {self.process.pid}){where}"
+
+
+def start_server(launcher, name: str, log: Path, extra_env: dict, slot: int, slots: int, cores: int
+                 ) -> tuple[Child, str]:
+    """A generation server on this machine (`dockyard run`, a rollout worker), bound to its share of the
+    cores: the process and its URL."""
+    from dockyard.distributed import free_port
+
+    port = free_port()
+    cpus, threads = core_share(slot, slots, cores)
+    env = {**os.environ, **launcher.environment(cpus), **extra_env}
+    with open(log, "w") as handle:
+        process = subprocess.Popen(launcher.command(port=port, threads=threads), stdout=handle, env=env,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    return Child(name, process, log), f"http://127.0.0.1:{port}"

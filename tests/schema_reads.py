@@ -14,7 +14,6 @@ GATED = {
     "policy.megatron_cfg.": ("policy.backend=megatron policy.megatron_cfg={}", "policy.backend"),
     "policy.generation.router.": ("policy.generation.router.proxy_timeout_s=5", "policy.generation.router"),
     "grpo.rollout_data_path": ("grpo.run_mode=train_only", "grpo.run_mode"),
-    "data_plane.": ("+data_plane.buffer_size=8", "data_plane"),
 }
 
 # Fields read only on code paths this machine cannot take (GPUs, SGLang's engine), with the reader.

@@ -100,7 +100,7 @@ LAYERS = [
     {"model_files", "models", "data", "sandboxes", "algorithms"},
     {"agents", "policy", "generation", "envs", "io"},
     {"preflight"},
-    {"loop"},
+    {"loop", "plane"},
     {"launch", "run"},
     {"cli"},
 ]

@@ -65,18 +65,29 @@ class AsyncGRPOTrainer(GRPOTrainer):
         samples, rewards, metrics = payload
         metrics.update(self.learn(step, samples, rewards))
         if self.world.is_main:
-            self.driver.commit()
+            self._trained()
         with self.timer("refit"):
             weights = self._weights()
             if self.world.is_main:
-                self.driver.publish(weights, step)
+                self._publish(weights, step, metrics)
             self.published = step
         if self.world.is_main:
-            metrics.update(self.driver.figures())
+            metrics.update(self._figures())
         phases = dict(self.timer.seconds)
         metrics["train/tokens_per_s"] = sum(len(s.token_ids) for s in samples) / (time.perf_counter() - started)
         metrics["async/trainer_idle_seconds"] = phases.get("wait", 0.0)
         return metrics | {f"time/{name}": seconds for name, seconds in phases.items()}
+
+    def _trained(self) -> None:
+        """Rank 0: the step's groups are trained (they leave the replay set)."""
+        self.driver.commit()
+
+    def _publish(self, weights: dict, step: int, metrics: dict) -> None:
+        """Rank 0: the weights after `step` go to the fleet."""
+        self.driver.publish(weights, step)
+
+    def _figures(self) -> dict[str, float]:
+        return self.driver.figures()
 
     def _take(self, step: int):
         """Rank 0: the step's groups from the driver, filtered; None when a stop came first."""

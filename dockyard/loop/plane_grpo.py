@@ -13,14 +13,12 @@ generation server, so there is no validation here (config/constraints/data_plane
 from __future__ import annotations
 
 import sys
-import time
 
 from dockyard.loop.async_grpo import AsyncGRPOTrainer
 from dockyard.loop.trainer import Trainer
-from dockyard.plane.broker import Broker, BrokerUnreachable, WaitCancelled, option_problems
+from dockyard.plane.broker import Broker, BrokerUnreachable, WaitCancelled
 from dockyard.plane.feed import PlaneFeed
 from dockyard.plane.weights import WeightPublisher
-from dockyard.config.errors import ConfigError
 
 
 def _say(message: str) -> None:
@@ -29,9 +27,6 @@ def _say(message: str) -> None:
 
 class DataPlaneGRPOTrainer(AsyncGRPOTrainer):
     def __init__(self, cfg, world, device, replicas, weight_sync_port):
-        problems = option_problems(cfg)
-        if problems:
-            raise ConfigError(problems)
         super().__init__(cfg, world, device, replicas, weight_sync_port)
         self.feed: PlaneFeed | None = None
         self.publisher: WeightPublisher | None = None
@@ -50,28 +45,15 @@ class DataPlaneGRPOTrainer(AsyncGRPOTrainer):
 
     # --- the step -----------------------------------------------------------------------------
 
-    def train_step(self, step: int) -> dict[str, float]:
-        self.timer.seconds = {}
-        started = time.perf_counter()
-        payload = self._take(step) if self.world.is_main else None
-        payload = self._broadcast(payload)
-        self.safe_point(batch_missing=payload is None)
-        samples, rewards, metrics = payload
-        metrics.update(self.learn(step, samples, rewards))
-        if self.world.is_main:
-            self.feed.step_trained()
-        with self.timer("refit"):
-            weights = self._weights()
-            if self.world.is_main:
-                self.publisher.publish(weights, step)
-                metrics["plane/weights_bytes"] = float(self.publisher.last_bytes)
-            self.published = step
-        if self.world.is_main:
-            metrics.update(self.feed.figures())
-        phases = dict(self.timer.seconds)
-        metrics["train/tokens_per_s"] = sum(len(s.token_ids) for s in samples) / (time.perf_counter() - started)
-        metrics["async/trainer_idle_seconds"] = phases.get("wait", 0.0)
-        return metrics | {f"time/{name}": seconds for name, seconds in phases.items()}
+    def _trained(self) -> None:
+        self.feed.step_trained()   # acknowledged after the next checkpoint
+
+    def _publish(self, weights: dict, step: int, metrics: dict) -> None:
+        self.publisher.publish(weights, step)
+        metrics["plane/weights_bytes"] = float(self.publisher.last_bytes)
+
+    def _figures(self) -> dict[str, float]:
+        return self.feed.figures()
 
     def _take(self, step: int):
         """Rank 0: the step's groups from the plane, filtered; None when a stop came first."""

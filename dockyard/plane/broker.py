@@ -9,7 +9,6 @@ transactions (MULTI / EXEC) either ran or did not, and a retried read returns wh
 
 from __future__ import annotations
 
-import inspect
 import os
 import subprocess
 import sys
@@ -17,7 +16,6 @@ import time
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from dockyard.config.errors import Problem
 from dockyard.errors import ComponentError
 
 T = TypeVar("T")
@@ -48,20 +46,6 @@ def namespace(cfg) -> str:
 def client_options(cfg) -> dict:
     """data_plane's extra keys: keyword arguments of redis.Redis."""
     return dict(cfg.data_plane.model_extra or {})
-
-
-def option_problems(cfg) -> list[Problem]:
-    """Extra keys of data_plane that redis.Redis does not take (refused by name, never ignored)."""
-    if cfg.data_plane is None:
-        return []
-    try:
-        import redis
-    except ImportError:
-        return [Problem("data_plane", "the data plane needs redis-py: pip install -e '.[plane]'")]
-    known = set(inspect.signature(redis.Redis.__init__).parameters) - {"self", "host", "port"}
-    return [Problem(f"data_plane.{name}", f"not a setting of the data plane nor a keyword of redis.Redis "
-                    f"(e.g. {', '.join(sorted(known & {'password', 'username', 'db', 'ssl', 'socket_timeout'}))})")
-            for name in client_options(cfg) if name not in known]
 
 
 def resolve_address(cfg, wait_s: float = 0.0) -> str:

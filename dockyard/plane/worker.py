@@ -31,10 +31,11 @@ from dockyard.generation.generator import GenerationServerError
 from dockyard.generation.health import wait_until_healthy
 from dockyard.loop.prompt_codec import PromptCodec
 from dockyard.plane.broker import Broker, WaitCancelled
+from dockyard.preflight.components import plane_client_problems
 from dockyard.plane.feed import GROUPS, PROMPTS, WORKERS, ensure_groups
 from dockyard.plane.messages import decode_prompt, encode_trajectories
 from dockyard.plane.weights import announced
-from dockyard.processes import log_tail, stop_processes
+from dockyard.processes import log_tail, start_server, stop_processes
 
 HEARTBEAT_S = 5
 HEARTBEAT_TTL_S = 20
@@ -64,8 +65,6 @@ class RolloutWorker:
     # --- set-up -----------------------------------------------------------------------------
 
     def start_servers(self) -> GeneratorFleet:
-        from dockyard.run.local import start_server
-
         cfg = self.cfg
         backend = cfg.policy.generation.backend
         count = max(1, topology.server_tasks_per_node(cfg, "rollout"))
@@ -246,9 +245,7 @@ def run_worker(loaded: LoadedConfig, name: str | None = None, max_groups: int | 
     if cfg.data_plane is None:
         say(f"dockyard rollout-worker: {loaded.source} has no data_plane section; a worker joins a data-plane run")
         return 2
-    from dockyard.plane.broker import option_problems
-
-    problems = option_problems(cfg)
+    problems = plane_client_problems(cfg)
     if problems:
         for problem in problems:
             say(f"dockyard rollout-worker: {problem}")

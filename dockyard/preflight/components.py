@@ -48,9 +48,25 @@ def unsupported(cfg: MasterConfig) -> list[Problem]:
         problems.append(Problem("policy.generation.allow_multimodal_inputs", "the GRPO loop does not train on "
                                 "image inputs yet: its datasets carry no images and the policy's logprobs "
                                 "would ignore them; turn it off"))
-    problems += _distillation(cfg) + _sft(cfg) + _unbuilt_settings(cfg) + _megatron(cfg) + _jax(cfg)
+    problems += _distillation(cfg) + _sft(cfg) + _unbuilt_settings(cfg) + _megatron(cfg) + _jax(cfg) + plane_client_problems(cfg)
     problems += _agent_setup(cfg) if not problems else []
     return problems
+
+
+def plane_client_problems(cfg: MasterConfig) -> list[Problem]:
+    """Extra keys of data_plane that redis.Redis does not take (refused by name, never ignored)."""
+    if cfg.data_plane is None:
+        return []
+    import inspect
+
+    try:
+        import redis
+    except ImportError:
+        return [Problem("data_plane", "the data plane needs redis-py: pip install -e '.[plane]'")]
+    known = set(inspect.signature(redis.Redis.__init__).parameters) - {"self", "host", "port"}
+    return [Problem(f"data_plane.{name}", f"not a setting of the data plane nor a keyword of redis.Redis "
+                    f"(e.g. {', '.join(sorted(known & {'password', 'username', 'db', 'ssl', 'socket_timeout'}))})")
+            for name in (cfg.data_plane.model_extra or {}) if name not in known]
 
 
 def _jax(cfg: MasterConfig) -> list[Problem]:

@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from dockyard import registry
@@ -30,21 +29,10 @@ from dockyard.config.topology import teacher_servers
 from dockyard.loop.teachers import teacher_model_folder
 from dockyard.launch.startup_guard import signals_blocked
 from dockyard.preflight import preflight
-from dockyard.processes import core_share, log_tail, stop_processes
+from dockyard.processes import Child, log_tail, start_server, stop_processes
 
 ENGINE_HEALTH_TIMEOUT_S = float(os.environ.get("DOCKYARD_ENGINE_HEALTH_TIMEOUT_S", 600))
 SHUTDOWN_GRACE_S = 30
-
-
-@dataclass
-class Child:
-    name: str
-    process: subprocess.Popen
-    log: Path | None
-
-    def describe(self) -> str:
-        where = f" (log: {self.log})" if self.log else ""
-        return f"{self.name} (pid {self.process.pid}){where}"
 
 
 class Terminated(Exception):
@@ -198,18 +186,6 @@ def run_local(loaded: LoadedConfig) -> int:
         _stop(children + ([broker.child] if broker is not None else []))
         for client in clients:
             client.close()
-
-
-def start_server(launcher, name: str, log: Path, extra_env: dict, slot: int, slots: int, cores: int
-                 ) -> tuple[Child, str]:
-    """A generation server on this machine, bound to its share of the cores: the process and its URL."""
-    port = free_port()
-    cpus, threads = core_share(slot, slots, cores)
-    env = {**os.environ, **launcher.environment(cpus), **extra_env}
-    with open(log, "w") as handle:
-        process = subprocess.Popen(launcher.command(port=port, threads=threads), stdout=handle, env=env,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
-    return Child(name, process, log), f"http://127.0.0.1:{port}"
 
 
 def replica_devices(cfg, index: int) -> dict[str, str]:

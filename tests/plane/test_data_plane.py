@@ -39,6 +39,12 @@ def _finish(process: subprocess.Popen, timeout: float = 300) -> str:
     return output
 
 
+def _kill_left(*processes: subprocess.Popen) -> None:
+    for process in processes:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+
+
 def _steps(workdir: Path) -> list[dict]:
     path = workdir / "runs" / "grpo_tiny_plane" / "logs" / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
@@ -86,9 +92,7 @@ def test_workers_join_and_leave_while_the_trainer_steps_and_every_group_is_accou
             os.killpg(workers[name].pid, signal.SIGTERM)
         others = {name: _finish(workers[name], 120) for name in ("second", "third")}
     finally:
-        for process in (trainer, *workers.values()):
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
+        _kill_left(trainer, *workers.values())
     assert trainer.returncode == 128 + signal.SIGINT, output[-3000:]
     for name, text in {"first": first_output, **others}.items():
         assert workers[name].returncode == 0 and "left after" in text, (name, text[-2000:])
@@ -117,21 +121,27 @@ def test_a_trainer_killed_between_reading_and_checkpointing_trains_the_same_grou
     try:
         _wait(lambda: len(_steps(tmp_path)) >= 3, "three steps", trainer=trainer)
         processes = json.loads((tmp_path / "runs" / "grpo_tiny_plane" / "logs" / "processes.json").read_text())
-        os.kill(processes["trainer rank 0"]["pid"], signal.SIGKILL)   # step 3 read and trained, not checkpointed
+        rank0 = processes["trainer rank 0"]["pid"]
+        pointer = tmp_path / "runs" / "grpo_tiny_plane" / "checkpoints" / "latest_checkpointed_iteration.txt"
+        while True:   # frozen at a moment when a trained step is not checkpointed yet, then killed
+            os.kill(rank0, signal.SIGSTOP)
+            time.sleep(0.2)
+            logged, checkpoint = len(_steps(tmp_path)), int(pointer.read_text())
+            if checkpoint < logged:
+                break
+            os.kill(rank0, signal.SIGCONT)
+            _wait(lambda: len(_steps(tmp_path)) > logged, "one more step", trainer=trainer)
+        os.kill(rank0, signal.SIGKILL)
         killed = _finish(trainer, 120)
         first = _steps(tmp_path)
         assert trainer.returncode != 0, killed[-2000:]
-        checkpoint = int((tmp_path / "runs" / "grpo_tiny_plane" / "checkpoints" /
-                          "latest_checkpointed_iteration.txt").read_text())
-        assert checkpoint % 2 == 0 and checkpoint < len(first)
+        assert checkpoint % 2 == 0 and checkpoint < len(first) and int(pointer.read_text()) == checkpoint
         (tmp_path / "runs" / "grpo_tiny_plane" / "logs" / "metrics.jsonl").rename(tmp_path / "first.jsonl")
         again = _start(tmp_path, tiny_model, "run", f"grpo.max_num_steps={checkpoint + 3}", *overrides)
         output = _finish(again)
         worker_output = _finish(worker, 60)
     finally:
-        for process in (trainer, worker):
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
+        _kill_left(trainer, worker)
     assert again.returncode == 0, output[-3000:]
     assert "read but not checkpointed before the stop are trained again first" in output
     assert "does not answer" in worker_output and "answers again" in worker_output, worker_output[-2000:]
@@ -165,9 +175,7 @@ def test_the_broker_killed_mid_run_pauses_the_run_which_goes_on_when_it_is_back(
         output = _finish(trainer)
         worker_output = _finish(worker, 60)
     finally:
-        for process in (trainer, worker):
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
+        _kill_left(trainer, worker)
         broker.kill()
     assert trainer.returncode == 0, output[-3000:]
     assert f"the broker at 127.0.0.1:{port} does not answer" in output + worker_output
@@ -177,3 +185,31 @@ def test_the_broker_killed_mid_run_pauses_the_run_which_goes_on_when_it_is_back(
     rows = [row for m in history for row in _rows(m)]
     assert len(rows) == len(set(rows))
     assert _accounting(output)["lost"] == 0
+
+
+def test_a_broker_client_setting_redis_does_not_take_is_refused_by_name_before_anything_starts(tiny_model, tmp_path,
+                                                                                              capsys):
+    from dockyard.cli import main as dockyard_main
+    from dockyard.launch.submit import submit_main
+
+    overrides = [f"models_dir={tiny_model.parent}", f"logger.log_dir={tmp_path}/logs",
+                 f"checkpointing.checkpoint_dir={tmp_path}/checkpoints", "+data_plane.pasword=secret"]
+    for command in ("run", "rollout-worker"):
+        assert dockyard_main([command, "--config", CONFIG, *overrides]) == 2
+        err = capsys.readouterr().err
+        assert "data_plane.pasword: not a setting of the data plane nor a keyword of redis.Redis" in err, err
+        assert "Traceback" not in err
+    assert not (tmp_path / "logs" / "config.yaml").exists() and not (tmp_path / "checkpoints").exists()
+    # the Slurm path does not start a broker or workers yet: refused by name, never half-run
+    assert submit_main(["--config", CONFIG, "--dry-run", *overrides[:-1]]) == 2
+    assert "data_plane: dockyard-submit does not run data-plane jobs yet" in capsys.readouterr().err
+
+
+def test_a_group_that_is_not_one_names_the_worker_it_came_from():
+    from dockyard.data.datasets import Prompt
+    from dockyard.plane.messages import BadMessage, decode_group
+
+    prompt = Prompt("1+1", "2", {}, "arithmetic")
+    with pytest.raises(BadMessage, match="group 1-0 from worker w7: not a group of trajectories"):
+        decode_group('[{"sample": {"token_ids": [1], "prompt_length": 1}, "raw_reward": 1, "exec": "x"}]',
+                     prompt, "group 1-0 from worker w7")
