@@ -5,7 +5,8 @@ Split rules for `--nodes N` (cluster.num_nodes):
 - colocate true: one component; every node is a trainer node and the generation servers share them
   (started with `srun --overlap` next to the trainer ranks).
 - colocate false: rollout gets cluster.rollout.num_nodes, teacher cluster.teacher.num_nodes, the
-  trainer the rest (or cluster.trainer.num_nodes, which must then make the sum).
+  trainer the rest (or cluster.trainer.num_nodes, which must then make the sum). With data_plane
+  there is no rollout component: rollout-worker jobs of their own generate (launch/worker_job.py).
 Trainer tasks per node: GPUs per node (cpu_ranks_per_node on CPU). Server tasks per node: GPUs per
 node / rollout_gpus_per_replica (one on CPU), or the group's tasks_per_node.
 """
@@ -93,7 +94,8 @@ def plan_job(cfg: MasterConfig) -> JobPlan:
                         cluster.trainer.gpus_per_node if cluster.trainer.gpus_per_node is not None
                         else cluster.gpus_per_node, "trainer ranks (rank 0 drives the loop)")
     components, servers = [trainer], []
-    roles = [ROLLOUT] + ([TEACHER] if cfg.on_policy_distillation is not None else [])
+    # a data-plane run generates in rollout-worker jobs of their own (worker_job.py), not in this job
+    roles = ([ROLLOUT] if cfg.data_plane is None else []) + ([TEACHER] if cfg.on_policy_distillation is not None else [])
     for role in roles:
         group = getattr(cluster, role)
         tasks = topology.server_tasks_per_node(cfg, role)

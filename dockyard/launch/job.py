@@ -72,6 +72,27 @@ def stopped_while_starting(stopper: StopRequests) -> bool:
     return stopper.requested
 
 
+def _start_broker(cfg, alloc: Allocation, folder: Path):
+    """data_plane.start: the broker on rank 0's node for this incarnation (its append-only file in the
+    run folder carries what it held across a requeue; workers re-read its address), watched and
+    started again should it die."""
+    import threading
+
+    from dockyard.plane.broker import ManagedBroker
+
+    say = lambda message: print(f"dockyard: {message}", file=sys.stderr, flush=True)   # noqa: E731
+    broker = ManagedBroker(cfg, alloc.node, folder / f"{alloc.job_id}.{alloc.restart_count}_broker_{alloc.node}.log",
+                           say)
+    say(f"data plane broker (redis-server) at {broker.address}")
+
+    def watch() -> None:
+        while broker.watch():
+            time.sleep(1.0)
+
+    threading.Thread(target=watch, daemon=True, name="broker-watch").start()
+    return broker
+
+
 def run_trainer_task(config_path: Path, plan: JobPlan, folder: Path) -> dict:
     from dockyard.loop import entry
 
@@ -99,8 +120,10 @@ def run_trainer_task(config_path: Path, plan: JobPlan, folder: Path) -> dict:
         print(f"dockyard: the allocation ends at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(end))} "
               f"({(end - time.time()) / 60:.1f} min from now); the run saves and requeues before that",
               file=sys.stderr, flush=True)
-    steps, watch = [], None
+    steps, watch, broker = [], None, None
     try:
+        if alloc.rank == 0 and cfg.data_plane is not None and cfg.data_plane.start:
+            broker = _start_broker(cfg, alloc, folder)
         if alloc.rank == 0:
             steps = start_servers(cfg, plan, alloc, folder, "rollout")
             if cfg.on_policy_distillation is not None:
@@ -176,5 +199,7 @@ def run_trainer_task(config_path: Path, plan: JobPlan, folder: Path) -> dict:
         if watch is not None:
             watch.stop()
         stop_servers(steps)
+        if broker is not None:
+            broker.stop()
         if dist.is_initialized():
             dist.destroy_process_group()

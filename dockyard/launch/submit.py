@@ -152,7 +152,8 @@ def wait_for(job, timeout_s: float | None) -> int:
     return EXIT_FAILED
 
 
-def submit(loaded: LoadedConfig, dry_run: bool, wait: bool, wait_timeout_s: float | None) -> int:
+def submit(loaded: LoadedConfig, dry_run: bool, wait: bool, wait_timeout_s: float | None, workers: int = 0,
+           workers_only: bool = False, worker_partition: str | None = None) -> int:
     from dockyard.launch.job import TrainerJob
 
     from dockyard.preflight import preflight
@@ -160,17 +161,26 @@ def submit(loaded: LoadedConfig, dry_run: bool, wait: bool, wait_timeout_s: floa
     cfg = loaded.config
     plan = plan_job(cfg)
     report = preflight(cfg, "submit", plan)
+    if (workers or workers_only) and cfg.data_plane is None:
+        from dockyard.config.errors import Problem
+
+        report.problems.append(Problem("data_plane", "--rollout-workers / --workers-only: rollout-worker jobs "
+                                       "join a data-plane run; this config has no data_plane section"))
     report.print("dockyard-submit", loaded.source)
     if report.problems:
         _say("nothing was submitted")
         return EXIT_CONFIG
     folder = job_folder(cfg)
+    if workers_only:
+        return submit_workers(loaded, folder, workers, worker_partition, dry_run)
     print(f"plan for {loaded.source} ({plan.total_nodes} nodes):\n{plan.table()}\n"
           f"{topology.trainer_mesh_line(cfg)}\n")
     if dry_run:
         executor = build_executor(cfg, plan, folder, require_slurm=False)
         print("sbatch script:\n")
         print(executor._make_submission_file_text(executor._submitit_command_str, "dry-run"))
+        if workers:
+            submit_workers(loaded, folder, workers, worker_partition, dry_run=True)
         _say("dry run: nothing was submitted")
         return 0
     executor = build_executor(cfg, plan, folder)
@@ -194,8 +204,45 @@ def submit(loaded: LoadedConfig, dry_run: bool, wait: bool, wait_timeout_s: floa
           f"  metrics:                     {cfg.logger.log_dir} (tensorboard --logdir {cfg.logger.log_dir})\n"
           f"  follow:                      tail -f {stdout}   |   squeue -j {job.job_id}   |   scancel {job.job_id}",
           flush=True)
+    if workers:
+        code = submit_workers(loaded, folder, workers, worker_partition, dry_run=False, config_path=config_path)
+        if code:
+            return code
     if wait:
         return wait_for(job, wait_timeout_s)
+    return 0
+
+
+def submit_workers(loaded: LoadedConfig, folder: Path, count: int, partition: str | None, dry_run: bool,
+                   config_path: Path | None = None) -> int:
+    """`count` rollout-worker jobs of a data-plane run, each one node (launch/worker_job.py)."""
+    from dockyard.launch.worker_job import RolloutWorkerJob, build_worker_executor
+
+    cfg = loaded.config
+    if dry_run:
+        executor = build_worker_executor(cfg, folder, partition, require_slurm=False)
+        print(f"sbatch script of each of the {count} rollout-worker job(s):\n")
+        print(executor._make_submission_file_text(executor._submitit_command_str, "dry-run"))
+        return 0
+    if count < 1:
+        _say("--workers-only needs --rollout-workers N (N >= 1)")
+        return EXIT_CONFIG
+    if config_path is None:
+        folder.mkdir(parents=True, exist_ok=True)
+        config_path = folder / f"config_{time.strftime('%Y%m%d-%H%M%S')}_{uuid.uuid4().hex[:6]}.yaml"
+        config_path.write_text(loaded.to_yaml())
+    executor = build_worker_executor(cfg, folder, partition)
+    ids = []
+    try:
+        os.environ["DOCKYARD_IMPORT_PATH"] = import_folders(Path(loaded.source))
+        for _ in range(count):
+            ids.append(executor.submit(RolloutWorkerJob(str(config_path))).job_id)
+    except Exception as err:  # sbatch refused: its message says why
+        _say(f"sbatch refused a rollout-worker job: {err}" + (f" (submitted before it: {', '.join(ids)})" if ids else ""))
+        return EXIT_NOT_SUBMITTED
+    print(f"submitted {len(ids)} rollout-worker job(s): {' '.join(ids)}\n"
+          f"  logs:   {folder / 'workers'}/<job>_0_log.err and {cfg.logger.log_dir}/workers/<worker>/\n"
+          f"  remove: scancel <job> (its prompts go back to the plane)", flush=True)
     return 0
 
 
@@ -213,6 +260,12 @@ def submit_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="print the plan and the sbatch script; submit nothing")
     parser.add_argument("--wait", action="store_true", help="block until the job ends; exit with its status")
     parser.add_argument("--wait-timeout", type=float, metavar="S", help="with --wait: stop waiting after S seconds")
+    parser.add_argument("--rollout-workers", type=int, default=0, metavar="N",
+                        help="data_plane: also submit N rollout-worker jobs of one node each")
+    parser.add_argument("--workers-only", action="store_true",
+                        help="with --rollout-workers: add workers to a data-plane run already going; no trainer job")
+    parser.add_argument("--worker-partition", help="partition of the rollout-worker jobs (default: "
+                        "cluster.slurm.partition), e.g. a preemptible one")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides (a.b=v, +a.new=v, ~a.b)")
     ns = parser.parse_intermixed_args(argv)   # overrides may come before or after the flags
     try:
@@ -222,4 +275,5 @@ def submit_main(argv: Sequence[str] | None = None) -> int:
         _say("nothing was submitted")
         return EXIT_CONFIG
     loaded.print_advice()
-    return submit(loaded, ns.dry_run, ns.wait, ns.wait_timeout)
+    return submit(loaded, ns.dry_run, ns.wait, ns.wait_timeout, ns.rollout_workers, ns.workers_only,
+                  ns.worker_partition)

@@ -84,6 +84,8 @@ class Broker:
         self.address = address
         options = {"socket_timeout": 30, "socket_connect_timeout": 5, "decode_responses": True,
                    **client_options(self.cfg)}
+        if self.cfg.data_plane.start and "password" not in options and secret_file(self.cfg).is_file():
+            options["password"] = secret_file(self.cfg).read_text().strip()
         if "://" in address:
             self.redis = redis.Redis.from_url(address, **options)
         else:
@@ -100,6 +102,10 @@ class Broker:
             try:
                 result = fn()
             except self._errors as err:
+                if isinstance(err, redis_auth_errors()):
+                    raise BrokerUnreachable(f"the broker at {self.address} refused this client's credentials while "
+                                            f"{what} ({err}): data_plane.password / username, or with start: true "
+                                            f"the run folder's {secret_file(self.cfg).name}") from None
                 waited = time.monotonic() - started
                 if self.cancelled():
                     raise WaitCancelled(what) from None
@@ -140,9 +146,14 @@ def start_broker(cfg, host: str, log_path: Path) -> tuple[subprocess.Popen, str]
     folder.mkdir(parents=True, exist_ok=True)
     port = cfg.data_plane.port or free_port()
     server = _redis_server()
+    # it listens on every interface (the workers are on other nodes): only who can read the run folder
+    # may write trajectories into the run. The password goes through a file, not the command line (ps)
+    conf = folder / "redis.conf"
+    conf.touch(mode=0o600)
+    conf.write_text(f"requirepass {_secret(cfg)}\n")
     with open(log_path, "a") as out:
         process = subprocess.Popen(
-            [server, "--port", str(port), "--bind", "0.0.0.0", "--protected-mode", "no", "--dir", str(folder),
+            [server, str(conf), "--port", str(port), "--bind", "0.0.0.0", "--dir", str(folder),
              "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--daemonize", "no"],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     address = f"{host}:{port}"
@@ -150,6 +161,31 @@ def start_broker(cfg, host: str, log_path: Path) -> tuple[subprocess.Popen, str]
     partial.write_text(address + "\n")
     partial.replace(address_file(cfg))
     return process, address
+
+
+def redis_auth_errors() -> tuple:
+    import redis
+
+    return (redis.AuthenticationError, redis.exceptions.AuthenticationWrongNumberOfArgsError)
+
+
+def secret_file(cfg) -> Path:
+    return broker_folder(cfg) / "broker.secret"
+
+
+def _secret(cfg) -> str:
+    """The started broker's password: made once per run (a requeued job's broker keeps it), readable by
+    the run folder's owner only."""
+    import secrets
+
+    path = secret_file(cfg)
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".tmp")
+        partial.touch(mode=0o600)
+        partial.write_text(secrets.token_hex(24))
+        partial.replace(path)
+    return path.read_text().strip()
 
 
 def _redis_server() -> str:
@@ -160,3 +196,47 @@ def _redis_server() -> str:
                 return str(path)
     raise BrokerUnreachable("data_plane.start: neither valkey-server nor redis-server is installed on this node "
                             "(apt-get install redis-server, or point data_plane.address at a running one)")
+
+
+class ManagedBroker:
+    """The broker of data_plane.start, run by the trainer's job (`dockyard run`'s driver, or trainer
+    rank 0 of a Slurm job on its node): started again on the same port from its append-only file
+    should it die (the trainer and the workers wait it out meanwhile), up to RESTARTS times."""
+
+    RESTARTS = 3
+
+    def __init__(self, cfg, host: str, log: Path, say: Callable[[str], None]):
+        from dockyard.processes import Child
+
+        self.cfg, self.host, self.log, self.say, self.restarts = cfg, host, log, say, 0
+        self.stopped = False
+        process, self.address = start_broker(cfg, host, log)
+        self.child = Child("data plane broker", process, log)
+
+    def watch(self) -> bool:
+        """True while it runs (or was started again); False once it died too often (said why)."""
+        from dockyard.processes import Child, log_tail
+
+        code = self.child.process.poll()
+        if code is None:
+            return True
+        if self.stopped:
+            return False
+        if self.restarts == self.RESTARTS:
+            self.say(f"the {self.child.describe()} exited with status {code} after {self.restarts} restarts; "
+                     f"stopping the run\n{log_tail(self.log)}")
+            return False
+        self.restarts += 1
+        port = int(self.address.rpartition(":")[2])
+        same_port = self.cfg.model_copy(update={"data_plane": self.cfg.data_plane.model_copy(update={"port": port})})
+        process, self.address = start_broker(same_port, self.host, self.log)
+        self.say(f"the {self.child.describe()} exited with status {code}; started it again at {self.address} "
+                 "from its append-only file")
+        self.child = Child("data plane broker", process, self.log)
+        return True
+
+    def stop(self) -> None:
+        from dockyard.processes import stop_processes
+
+        self.stopped = True
+        stop_processes([self.child.process], 30)

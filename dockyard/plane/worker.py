@@ -35,7 +35,7 @@ from dockyard.preflight.components import plane_client_problems
 from dockyard.plane.feed import GROUPS, PROMPTS, WORKERS, ensure_groups
 from dockyard.plane.messages import decode_prompt, encode_trajectories
 from dockyard.plane.weights import announced
-from dockyard.processes import log_tail, start_server, stop_processes
+from dockyard.processes import STOP_SIGNALS, log_tail, start_server, stop_processes
 
 HEARTBEAT_S = 5
 HEARTBEAT_TTL_S = 20
@@ -241,9 +241,12 @@ class RolloutWorker:
 
 
 def run_worker(loaded: LoadedConfig, name: str | None = None, max_groups: int | None = None) -> int:
-    cfg = loaded.config
+    return run_worker_config(loaded.config, str(loaded.source), name, max_groups)
+
+
+def run_worker_config(cfg, source: str, name: str | None = None, max_groups: int | None = None) -> int:
     if cfg.data_plane is None:
-        say(f"dockyard rollout-worker: {loaded.source} has no data_plane section; a worker joins a data-plane run")
+        say(f"dockyard rollout-worker: {source} has no data_plane section; a worker joins a data-plane run")
         return 2
     problems = plane_client_problems(cfg)
     if problems:
@@ -256,6 +259,8 @@ def run_worker(loaded: LoadedConfig, name: str | None = None, max_groups: int | 
     worker = RolloutWorker(cfg, name, log_dir, max_groups)
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2, signal.SIGHUP):
         signal.signal(signum, lambda s, f: threading.Thread(target=worker.stop, daemon=True).start())
+    # a Slurm job starts guarded (launch/startup_guard.py): the stop signals wait, blocked, until now
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, set(STOP_SIGNALS))
     try:
         return worker.run()
     except DockyardError as err:

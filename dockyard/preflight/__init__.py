@@ -117,11 +117,6 @@ def preflight(cfg: MasterConfig, where: Where, plan=None, slurm: bool = True) ->
     report.problems += outputs
     report.skipped += notes
     if where == "submit":
-        if cfg.data_plane is not None:
-            # the het job would start neither the broker nor any rollout worker: refused, not half-run
-            report.problems.append(Problem("data_plane", "dockyard-submit does not run data-plane jobs yet (the "
-                                           "broker and rollout-worker jobs are started by `dockyard run` and "
-                                           "`dockyard rollout-worker`; docs/data-plane.md)"))
         if plan is not None and slurm:
             from dockyard.preflight.slurm import check_slurm
 

@@ -28,6 +28,7 @@ from dockyard.generation.health import HealthProbe
 from dockyard.config.topology import teacher_servers
 from dockyard.loop.teachers import teacher_model_folder
 from dockyard.launch.startup_guard import signals_blocked
+from dockyard.plane.broker import ManagedBroker
 from dockyard.preflight import preflight
 from dockyard.processes import Child, log_tail, start_server, stop_processes
 
@@ -197,52 +198,20 @@ def replica_devices(cfg, index: int) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": ",".join(str(first + i) for i in range(per))}
 
 
-class _Broker:
-    """The data plane's broker beside the trainer (data_plane.start): started again, on the same port and
-    from its append-only file, should it die; the trainer and the workers wait it out meanwhile."""
-
-    RESTARTS = 3
-
-    def __init__(self, cfg, log: Path):
-        from dockyard.plane.broker import start_broker
-
-        self.cfg, self.log, self.restarts = cfg, log, 0
-        process, self.address = start_broker(cfg, "127.0.0.1", log)
-        self.child = Child("data plane broker", process, log)
-
-    def watch(self) -> int | None:
-        """None while it runs (or was started again); an exit status once it died too often."""
-        from dockyard.plane.broker import start_broker
-
-        code = self.child.process.poll()
-        if code is None:
-            return None
-        if self.restarts == self.RESTARTS:
-            print(f"dockyard run: the {self.child.describe()} exited with status {code} for the "
-                  f"{self.restarts + 1}th time; stopping the run\n{log_tail(self.log)}", file=sys.stderr)
-            return 3
-        self.restarts += 1
-        port = int(self.address.rpartition(":")[2])
-        process, self.address = start_broker(self.cfg.model_copy(update={"data_plane": self.cfg.data_plane.model_copy(
-            update={"port": port})}), "127.0.0.1", self.log)
-        print(f"dockyard run: the {self.child.describe()} exited with status {code}; started it again at "
-              f"{self.address} from its append-only file", file=sys.stderr, flush=True)
-        self.child = Child("data plane broker", process, self.log)
-        return None
-
-
-def _start_broker(cfg, log_dir: Path) -> _Broker:
-    broker = _Broker(cfg, log_dir / "broker.log")
+def _start_broker(cfg, log_dir: Path) -> ManagedBroker:
+    broker = ManagedBroker(cfg, "127.0.0.1", log_dir / "broker.log", say=lambda m: print(f"dockyard run: {m}",
+                                                                                      file=sys.stderr, flush=True))
     print(f"dockyard run: data plane broker (redis-server) at {broker.address}, append-only file in "
           f"{Path(cfg.checkpointing.checkpoint_dir) / 'data_plane' / 'broker'}", file=sys.stderr, flush=True)
     return broker
 
 
-def _supervise(servers: list[Child], ranks: list[Child], health: HealthProbe, broker: _Broker | None = None) -> int:
+def _supervise(servers: list[Child], ranks: list[Child], health: HealthProbe,
+               broker: ManagedBroker | None = None) -> int:
     """Wait for rank 0 to finish; any process that dies first, or a server that hangs, ends the run, named."""
     while True:
-        if broker is not None and (code := broker.watch()) is not None:
-            return code
+        if broker is not None and not broker.watch():
+            return 3
         for child in ranks:
             code = child.process.poll()
             if code is not None and code != 0:

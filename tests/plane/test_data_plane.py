@@ -72,12 +72,26 @@ def _rows(step: dict) -> list[int]:
     return step["async/prompt_rows"]
 
 
+def _a_stranger_cannot_write_to_the_broker(workdir: Path) -> None:
+    """The started broker listens on every interface: a client without the run folder's password (a
+    process of another user on the cluster, a policy's sandbox with network) cannot push a group."""
+    import redis
+
+    plane = workdir / "runs" / "grpo_tiny_plane" / "checkpoints" / "data_plane"
+    host, port = (plane / "broker.address").read_text().strip().rsplit(":", 1)
+    stranger = redis.Redis(host=host, port=int(port), socket_timeout=5)
+    with pytest.raises(redis.AuthenticationError):
+        stranger.xadd("dockyard:grpo_tiny_plane:groups", {"n": 1, "row": 0, "version": 0, "trajectories": "[]"})
+    assert oct((plane / "broker.secret").stat().st_mode & 0o777) == "0o600"
+
+
 def test_workers_join_and_leave_while_the_trainer_steps_and_every_group_is_accounted_for(tiny_model, tmp_path):
     trainer = _start(tmp_path, tiny_model, "run", "grpo.max_num_steps=1000")
     workers = {name: _start(tmp_path, tiny_model, "rollout-worker", "--worker-id", name) for name in ("first", "second")}
     try:
         _wait(lambda: any(m["plane/workers"] == 2 for m in _steps(tmp_path)), "a step with both workers",
               trainer=trainer)
+        _a_stranger_cannot_write_to_the_broker(tmp_path)
         os.killpg(workers["first"].pid, signal.SIGTERM)   # what scancel and a preemption send
         workers["third"] = _start(tmp_path, tiny_model, "rollout-worker", "--worker-id", "third")
         first_output = _finish(workers["first"], 120)
