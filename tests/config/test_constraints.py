@@ -86,6 +86,8 @@ CASES = [
      "grpo.async_grpo.partial_rollout: data_plane: a worker finishes each request"),
     ("data_plane", "grpo_tiny_plane", ["grpo.async_grpo.sliding_window=windowed-fifo"],
      "grpo.async_grpo.sliding_window: data_plane: groups train in the order workers deliver them"),
+    ("data_plane", "grpo_tiny_plane", ["cluster.rollout.num_nodes=2"],
+     "cluster.rollout.num_nodes: data_plane: a rollout-worker job is one node"),
     ("data_plane", "grpo_tiny_plane", ["grpo.val_period=2"],
      "grpo.val_period: data_plane: validation generates on the trainer's own servers"),
     ("group_placement", "grpo_tiny_plane", ["cluster.num_nodes=3"],

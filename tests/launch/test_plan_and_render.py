@@ -153,3 +153,20 @@ def test_sacct_rows_of_a_het_job_map_to_the_leader():
                              "12+1|CANCELLED|node3\n13|RUNNING|node4\n")
     assert info["12"]["State"] == "FAILED" and info["13"]["State"] == "RUNNING"
     assert set(info) == {"12", "13"}
+
+
+def test_a_data_plane_run_is_the_trainer_alone_and_its_workers_are_one_node_jobs_of_their_own(tmp_path, tiny_model):
+    (trainer,) = plan_of("grpo_tiny_plane.yaml").components   # no rollout component: workers are jobs apart
+    assert (trainer.role, trainer.nodes) == ("trainer", 2)
+    result = run_submit(tmp_path, tiny_model, "--config", "grpo_tiny_plane.yaml", "--nodes", "2", "--dry-run",
+                        "--rollout-workers", "3", "--worker-partition", "scavenge")
+    assert result.returncode == 0, result.stderr
+    trainer_script, worker_script = result.stdout.split("sbatch script:\n", 1)[1].split(
+        "sbatch script of each of the 3 rollout-worker job(s):\n")
+    assert "#SBATCH hetjob" not in trainer_script and "#SBATCH --nodes=2" in trainer_script
+    assert "#SBATCH --nodes=1" in worker_script and "#SBATCH --partition=scavenge" in worker_script
+    assert "#SBATCH --job-name=grpo_tiny_plane-rollout" in worker_script
+    assert "nothing was submitted" in result.stderr and not (tmp_path / "slurm").exists()
+    refused = run_submit(tmp_path, tiny_model, "--nodes", "3", "--dry-run", "--rollout-workers", "1")
+    assert refused.returncode == 2
+    assert "data_plane: --rollout-workers / --workers-only: rollout-worker jobs join a data-plane run" in refused.stderr

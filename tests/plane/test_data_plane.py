@@ -214,9 +214,9 @@ def test_a_broker_client_setting_redis_does_not_take_is_refused_by_name_before_a
         assert "data_plane.pasword: not a setting of the data plane nor a keyword of redis.Redis" in err, err
         assert "Traceback" not in err
     assert not (tmp_path / "logs" / "config.yaml").exists() and not (tmp_path / "checkpoints").exists()
-    # the Slurm path does not start a broker or workers yet: refused by name, never half-run
-    assert submit_main(["--config", CONFIG, "--dry-run", *overrides[:-1]]) == 2
-    assert "data_plane: dockyard-submit does not run data-plane jobs yet" in capsys.readouterr().err
+    assert submit_main(["--config", CONFIG, "--dry-run", "--rollout-workers", "2", *overrides]) == 2
+    err = capsys.readouterr().err
+    assert "data_plane.pasword: not a setting of the data plane" in err and "nothing was submitted" in err
 
 
 def test_a_group_that_is_not_one_names_the_worker_it_came_from():
