@@ -11,7 +11,7 @@ from dockyard.config.schema import MasterConfig
 
 @rule
 def data_plane(cfg: MasterConfig) -> Iterator[Problem]:
-    """data_plane: exactly one of address and start; rollout-worker jobs of one node; async GRPO on, partial_rollout off, sliding_window no-window; no SFT; no validation (the trainer's job has no generation servers)."""
+    """data_plane: exactly one of address and start; port only with start; rollout-worker jobs of one node; async GRPO on, partial_rollout off, sliding_window no-window; no SFT; no validation (the trainer's job has no generation servers)."""
     plane = cfg.data_plane
     if plane is None:
         return
@@ -20,6 +20,9 @@ def data_plane(cfg: MasterConfig) -> Iterator[Problem]:
         yield Problem("data_plane.address", why + ("give the address of a running Redis / Valkey server, or "
                       "start: true" if plane.address is None else "address and start: true exclude each other "
                       "(start runs the broker the address would name)"))
+    if plane.port and not plane.start:
+        yield Problem("data_plane.port", why + "the port of the broker `start` runs; with address, the port is "
+                      "part of the address")
     if cfg.cluster.rollout.num_nodes > 1:
         yield Problem("cluster.rollout.num_nodes", why + "a rollout-worker job is one node (its servers run there); "
                       "submit more workers for more nodes (dockyard-submit --rollout-workers N)")
