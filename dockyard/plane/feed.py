@@ -32,7 +32,7 @@ from dockyard.errors import ComponentError
 from dockyard.loop.rollout_window import pipeline_capacity
 from dockyard.loop.rollouts import Group
 from dockyard.plane.broker import Broker, WaitCancelled
-from dockyard.plane.messages import decode_group, encode_prompt
+from dockyard.plane.messages import decode_group, encode_prompt, sampling_settings
 
 PROMPTS, GROUPS, WORKERS, TRAINER = "prompts", "groups", "workers", "trainer"
 CONSUMER = "trainer"
@@ -104,7 +104,8 @@ class PlaneFeed:
             raise RunMismatch(f"the broker at {b.address} holds namespace {b.ns!r} of another run (checkpoints in "
                               f"{owner}); set data_plane.namespace, or delete its keys (redis-cli --scan "
                               f"--pattern '{b.ns}:*' | xargs redis-cli del)")
-        b.call("claiming the namespace", lambda: b.redis.hset(b.key("state"), "run", checkpoint_dir))
+        b.call("claiming the namespace", lambda: b.redis.hset(b.key("state"), mapping={
+            "run": checkpoint_dir, "sampling": json.dumps(sampling_settings(self.cfg))}))
         b.call("reopening the run", lambda: b.redis.hdel(b.key("state"), "finished"))
         if saved:
             ids, numbers = saved.get("ids", []), saved.get("numbers", [])

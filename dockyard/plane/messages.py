@@ -16,6 +16,32 @@ class BadMessage(ComponentError):
     label = "data plane"
 
 
+def sampling_settings(cfg) -> dict:
+    """What decides how a prompt is sampled and scored, by dotted path: a worker whose config differs
+    from the trainer's here would make other groups than the ones the run means to train on."""
+    flat: dict = {}
+
+    def walk(prefix: str, value) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                walk(f"{prefix}.{key}", item)
+        else:
+            flat[prefix] = value
+
+    walk("policy.generation", cfg.policy.generation.model_dump(mode="json"))
+    walk("env", cfg.env.model_dump(mode="json"))
+    flat.update({"policy.max_total_sequence_length": cfg.policy.max_total_sequence_length,
+                 "policy.tokenizer_name": cfg.policy.tokenizer_name,
+                 "grpo.num_generations_per_prompt": cfg.grpo.num_generations_per_prompt,
+                 "data.add_system_prompt": cfg.data.add_system_prompt})
+    return flat
+
+
+def settings_differences(run: dict, here: dict) -> list[str]:
+    return [f"{path} (the run: {run.get(path)!r}, here: {here.get(path)!r})"
+            for path in sorted(set(run) | set(here)) if run.get(path) != here.get(path)]
+
+
 def encode_prompt(prompt: Prompt) -> str:
     try:
         return json.dumps(asdict(prompt))

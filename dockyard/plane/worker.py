@@ -13,6 +13,7 @@ prompt back at once. Nothing the trainer does waits on a particular worker.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -33,7 +34,7 @@ from dockyard.loop.prompt_codec import PromptCodec
 from dockyard.plane.broker import Broker, WaitCancelled
 from dockyard.preflight.components import plane_client_problems
 from dockyard.plane.feed import GROUPS, PROMPTS, WORKERS, ensure_groups
-from dockyard.plane.messages import decode_prompt, encode_trajectories
+from dockyard.plane.messages import decode_prompt, encode_trajectories, sampling_settings, settings_differences
 from dockyard.plane.weights import announced
 from dockyard.processes import STOP_SIGNALS, log_tail, start_server, stop_processes
 
@@ -82,13 +83,14 @@ class RolloutWorker:
 
     def run(self) -> int:
         cfg = self.cfg
+        self.broker = b = Broker(cfg, who=f"dockyard rollout-worker {self.name}")
+        b.cancelled = self.stopping.is_set
+        ensure_groups(b)
+        self._same_settings_as_the_run()   # before minutes of server start-up
         self.fleet = self.start_servers()
         env = registry.build("environment", cfg.env.name, config=cfg.env)
         self.codec = PromptCodec(cfg, env)
         self.collector = self.codec.collector([], self._generate)
-        self.broker = b = Broker(cfg, who=f"dockyard rollout-worker {self.name}")
-        b.cancelled = self.stopping.is_set
-        ensure_groups(b)
         b.call("joining", lambda: b.redis.hincrby(b.key("counters"), "joined", 1))
         beat = threading.Thread(target=self._heartbeat, daemon=True, name="heartbeat")
         beat.start()
@@ -122,6 +124,18 @@ class RolloutWorker:
             if self.max_groups is not None and self.groups >= self.max_groups:
                 break
 
+    def _same_settings_as_the_run(self) -> None:
+        """A worker started with other sampling settings than the trainer's (another config, other
+        overrides) is refused, naming the fields, before it pushes anything."""
+        b = self.broker
+        saved = b.call("reading the run's settings", lambda: b.redis.hget(b.key("state"), "sampling"))
+        if saved is None:
+            return   # the trainer has not opened the plane yet; it writes its settings when it does
+        differences = settings_differences(json.loads(saved), json.loads(json.dumps(sampling_settings(self.cfg))))
+        if differences:
+            raise ComponentError(f"rollout worker {self.name}: its config samples differently from the run's "
+                                 f"(start it with the run's config, <log_dir>/config.yaml): {'; '.join(differences)}")
+
     # --- the loop's parts -------------------------------------------------------------------
 
     def _generate(self, prompt_ids, params, images=None):
@@ -142,6 +156,8 @@ class RolloutWorker:
         if got is None:
             return False
         version, path = got
+        if self.version is None:
+            self._same_settings_as_the_run()   # a worker that joined before the trainer is checked now
         if (version, path) != (self.version, self.weights_path):
             started = time.perf_counter()
             try:

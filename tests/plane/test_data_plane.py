@@ -152,11 +152,17 @@ def test_a_trainer_killed_between_reading_and_checkpointing_trains_the_same_grou
         assert checkpoint % 2 == 0 and checkpoint < len(first) and int(pointer.read_text()) == checkpoint
         (tmp_path / "runs" / "grpo_tiny_plane" / "logs" / "metrics.jsonl").rename(tmp_path / "first.jsonl")
         again = _start(tmp_path, tiny_model, "run", f"grpo.max_num_steps={checkpoint + 3}", *overrides)
+        # a worker started with other sampling settings than the run's is refused, naming them
+        other = _start(tmp_path, tiny_model, "rollout-worker", "policy.generation.max_new_tokens=8")
+        refused = _finish(other, 120)
         output = _finish(again)
         worker_output = _finish(worker, 60)
     finally:
         _kill_left(trainer, worker)
     assert again.returncode == 0, output[-3000:]
+    assert other.returncode == 3, refused[-2000:]
+    assert ("its config samples differently from the run's (start it with the run's config, <log_dir>/config.yaml)"
+            ": policy.generation.max_new_tokens (the run: 16, here: 8)") in refused
     assert "read but not checkpointed before the stop are trained again first" in output
     assert "does not answer" in worker_output and "answers again" in worker_output, worker_output[-2000:]
     second = _steps(tmp_path)
