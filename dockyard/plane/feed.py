@@ -7,7 +7,8 @@ Keys under the run's namespace (broker.namespace):
     outstanding   hash n -> row: prompts handed out whose group no checkpoint holds yet
     state         hash: run (the checkpoint folder that owns the namespace), loader, next_n,
                   weights_version, weights_path
-    counters      hash: produced, trained, stale, duplicate, published, joined, left
+    counters      hash: produced, trained, stale, duplicate, published, joined, left, set_aside
+    set_aside     hash n -> row: prompts whose workers kept dying without a word (worker.py)
     worker:<id>   hash with a TTL: a live worker's heartbeat (worker.py)
 
 Exactly once: the trainer reads a group (it becomes pending in the `trainer` group), trains on it,
@@ -263,8 +264,13 @@ class PlaneFeed:
         produced, trained, stale, duplicate = (c.get(k, 0) for k in ("produced", "trained", "stale", "duplicate"))
         in_flight = b.call("measuring the buffer", lambda: b.redis.xlen(b.key(GROUPS)))
         lost = produced - trained - stale - duplicate - in_flight
-        return (f"produced {produced} = trained {trained} + stale {stale} + duplicate {duplicate} + in flight "
+        line = (f"produced {produced} = trained {trained} + stale {stale} + duplicate {duplicate} + in flight "
                 f"{in_flight}; lost {lost}; workers joined {c.get('joined', 0)}, left {c.get('left', 0)}")
+        if c.get("set_aside"):
+            rows = b.call("reading set-aside prompts", lambda: b.redis.hvals(b.key("set_aside")))
+            line += (f"; {c['set_aside']} prompt(s) set aside after killing their workers (dataset rows "
+                     f"{', '.join(sorted(rows, key=int))})")
+        return line
 
     def figures(self) -> dict[str, float]:
         """Per step: the fleet's size and throughput, what was dropped, what is buffered."""

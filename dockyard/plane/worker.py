@@ -39,6 +39,7 @@ from dockyard.plane.weights import announced
 from dockyard.processes import STOP_SIGNALS, log_tail, start_server, stop_processes
 
 HEARTBEAT_S = 5
+MAX_DELIVERIES = 3   # a prompt claimed from silent workers this often is set aside (_set_aside_if_poison)
 HEARTBEAT_TTL_S = 20
 SERVER_START_TIMEOUT_S = float(os.environ.get("DOCKYARD_ENGINE_HEALTH_TIMEOUT_S", 600))
 
@@ -178,7 +179,7 @@ class RolloutWorker:
         # a prompt left by a worker that went away without a word comes first
         claimed = b.call("claiming abandoned prompts", lambda: b.redis.xautoclaim(
             b.key(PROMPTS), WORKERS, self.name, min_idle_time=claim_ms, start_id="0-0", count=want))
-        tasks = [(i, f) for i, f in claimed[1] if f]
+        tasks = [(i, f) for i, f in claimed[1] if f and not self._set_aside_if_poison(i, f)]
         if tasks:
             say(f"dockyard rollout-worker {self.name}: took over {len(tasks)} prompt(s) held past "
                 f"data_plane.claim_after_s by a worker that went away")
@@ -188,6 +189,26 @@ class RolloutWorker:
             tasks = [(i, f) for _, entries in (got or []) for i, f in entries if f]
         self.held = list(tasks)
         return tasks
+
+    def _set_aside_if_poison(self, entry_id: str, fields: dict) -> bool:
+        """A prompt whose workers went away without a word MAX_DELIVERIES times is taken to be what ends
+        them (a scorer or sandbox that brings the node down): set aside, named, and counted, instead of
+        being handed round the fleet forever. The trainer no longer waits for it."""
+        b = self.broker
+        pending = b.call("reading a prompt's deliveries", lambda: b.redis.xpending_range(
+            b.key(PROMPTS), WORKERS, min=entry_id, max=entry_id, count=1))
+        if not pending or pending[0]["times_delivered"] <= MAX_DELIVERIES:
+            return False
+        pipe = b.redis.pipeline(transaction=True)
+        pipe.xack(b.key(PROMPTS), WORKERS, entry_id)
+        pipe.xdel(b.key(PROMPTS), entry_id)
+        pipe.hset(b.key("set_aside"), fields["n"], fields["row"])
+        pipe.hdel(b.key("outstanding"), fields["n"])
+        pipe.hincrby(b.key("counters"), "set_aside", 1)
+        b.call("setting a prompt aside", pipe.execute)
+        say(f"dockyard rollout-worker {self.name}: set aside prompt {fields['n']} (dataset row {fields['row']}): "
+            f"the workers that took it went away without a word {pending[0]['times_delivered'] - 1} times")
+        return True
 
     def _answer(self, tasks: list[tuple[str, dict]]) -> None:
         b, version = self.broker, self.version

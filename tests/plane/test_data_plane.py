@@ -233,3 +233,47 @@ def test_a_group_that_is_not_one_names_the_worker_it_came_from():
     with pytest.raises(BadMessage, match="group 1-0 from worker w7: not a group of trajectories"):
         decode_group('[{"sample": {"token_ids": [1], "prompt_length": 1}, "raw_reward": 1, "exec": "x"}]',
                      prompt, "group 1-0 from worker w7")
+
+
+def test_a_prompt_whose_workers_keep_dying_silently_is_set_aside_and_named(tiny_model, tmp_path):
+    """Three workers took the prompt and went away without a word (SIGKILL, a lost node: nothing acked,
+    nothing handed back); the fourth sets it aside instead of dying of it in turn."""
+    import redis
+
+    from dockyard import registry
+    from dockyard.config import load_config
+    from dockyard.distributed import free_port
+    from dockyard.generation.fleet import GeneratorFleet
+    from dockyard.plane.broker import Broker
+    from dockyard.plane.feed import PROMPTS, WORKERS, ensure_groups
+    from dockyard.plane.worker import MAX_DELIVERIES, RolloutWorker
+
+    port = free_port()
+    server = subprocess.Popen(["redis-server", "--port", str(port), "--dir", str(tmp_path), "--save", ""],
+                              stdout=subprocess.DEVNULL)
+    try:
+        cfg = load_config(CONFIG, [f"models_dir={tiny_model.parent}", "data_plane.start=false",
+                                   f"data_plane.address=127.0.0.1:{port}", "data_plane.claim_after_s=0.05",
+                                   f"logger.log_dir={tmp_path}/logs"]).config
+        _wait(lambda: subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True).returncode == 0,
+              "redis-server")
+        broker = Broker(cfg)
+        ensure_groups(broker)
+        plain = redis.Redis(port=port, decode_responses=True)
+        plain.xadd(broker.key(PROMPTS), {"n": 7, "row": 41, "seed": 1, "prompt": "{}"})
+        plain.hset(broker.key("outstanding"), 7, 41)
+        plain.xreadgroup(WORKERS, "dead0", {broker.key(PROMPTS): ">"}, count=1)
+        for index in range(1, MAX_DELIVERIES):
+            time.sleep(0.1)
+            plain.xautoclaim(broker.key(PROMPTS), WORKERS, f"dead{index}", min_idle_time=50, count=1)
+        time.sleep(0.1)
+        worker = RolloutWorker(cfg, "fourth", tmp_path)
+        worker.broker = broker
+        client = registry.build("generation_backend", "embedded", config=cfg).client("http://127.0.0.1:9", "unused")
+        worker.fleet = GeneratorFleet([client])
+        assert worker._take() == []
+        assert plain.hgetall(broker.key("set_aside")) == {"7": "41"}
+        assert not plain.hexists(broker.key("outstanding"), 7)   # the trainer no longer counts it as open
+        assert plain.xlen(broker.key(PROMPTS)) == 0 and plain.hget(broker.key("counters"), "set_aside") == "1"
+    finally:
+        server.kill()
