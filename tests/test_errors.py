@@ -9,7 +9,7 @@ import sys
 from dockyard.errors import DockyardError, EXIT_COMPONENT
 from tests.conftest import REPO
 
-CONTROL_FLOW = {"Aborted", "TrainingInterrupted", "RunStopped", "StepAbandoned", "_Closing", "Terminated"}
+CONTROL_FLOW = {"Aborted", "TrainingInterrupted", "RunStopped", "StepAbandoned", "_Closing", "Terminated", "WaitCancelled"}
 
 
 def defined_exceptions():
