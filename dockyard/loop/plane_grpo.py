@@ -13,12 +13,16 @@ generation server, so there is no validation here (config/constraints/data_plane
 from __future__ import annotations
 
 import sys
+import time
 
 from dockyard.loop.async_grpo import AsyncGRPOTrainer
 from dockyard.loop.trainer import Trainer
 from dockyard.plane.broker import Broker, BrokerUnreachable, WaitCancelled
 from dockyard.plane.feed import PlaneFeed
 from dockyard.plane.weights import WeightPublisher
+
+
+WORKERS_LEAVE_S = 30   # after the last step: how long the trainer's job keeps the broker for workers to leave
 
 
 def _say(message: str) -> None:
@@ -110,6 +114,10 @@ class DataPlaneGRPOTrainer(AsyncGRPOTrainer):
             if self.world.is_main:
                 b = self.feed.broker
                 b.call("announcing the run's end", lambda: b.redis.hset(b.key("state"), "finished", 1))
+                # the broker goes with this job: give the workers a moment to read the news and leave
+                deadline = time.monotonic() + WORKERS_LEAVE_S
+                while self.feed.live_workers() and time.monotonic() < deadline:
+                    time.sleep(0.5)
         finally:
             if self.world.is_main:   # after a stop too: what the saved checkpoint left on the plane
                 try:
