@@ -130,9 +130,12 @@ class PlaneFeed:
         b = self.broker
         return b.call("counting open prompts", lambda: b.redis.hlen(b.key("outstanding"))) - len(self.received)
 
-    def top_up(self) -> None:
-        """Hand out prompts until `capacity` are open (out to workers or delivered, not yet read)."""
-        for _ in range(max(0, self.capacity - self._in_flight())):
+    def top_up(self, in_hand: int = 0) -> None:
+        """Hand out prompts until `capacity` are open (out to workers or delivered, not yet read), less
+        the groups this step already holds: as the async driver's start gate (rollout_window.py), a
+        prompt handed out now is then read by a step within the lag bound of today's weights, unless
+        slower groups overtake it."""
+        for _ in range(max(0, self.capacity - in_hand - self._in_flight())):
             self._publish(self.loader.take_rows(1)[0])
 
     def _publish(self, row: int, settle: tuple | None = None) -> None:
@@ -171,7 +174,7 @@ class PlaneFeed:
         while len(groups) < self.batch:
             if stop():
                 return None
-            self.top_up()
+            self.top_up(len(groups))
             if self.backlog:
                 entries, self.backlog = self.backlog[:self.batch], self.backlog[self.batch:]
             else:

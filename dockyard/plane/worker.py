@@ -115,6 +115,8 @@ class RolloutWorker:
                 self.stopping.wait(1.0)
                 continue
             tasks = self._take()
+            if tasks:
+                self._follow_weights()   # weights announced while it waited for prompts go in first
             try:
                 if tasks:
                     self._answer(tasks)
