@@ -1,6 +1,6 @@
 """The data plane (docs/data-plane.md): what it costs, and the dev-cluster scenario.
 
-    .venv/bin/python bench/data_plane.py [--steps 20] [--no-cluster]
+    .venv/bin/python bench/data_plane.py [--steps 20] [--cluster-steps 100] [--no-cluster]
 
 1. Throughput on this machine, same run (grpo_tiny, async, one embedded engine, 2 trainer ranks):
    trajectories per second through the in-memory path (`grpo_tiny` async) and through the plane
@@ -167,6 +167,8 @@ def cluster_scenario(steps: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--cluster-steps", type=int, default=100,
+                        help="steps of the dev-cluster scenario: enough for the added worker to start and join")
     parser.add_argument("--no-cluster", action="store_true")
     args = parser.parse_args()
     memory = in_memory(args.steps)
@@ -177,7 +179,7 @@ def main() -> None:
     print(f"broker overhead per trajectory: {size:.0f} bytes of JSON, {ms:.2f} ms round trip "
           "(push + ack + read + settle, append-only file fsynced on every write)")
     if not args.no_cluster:
-        print(cluster_scenario(args.steps))
+        print(cluster_scenario(args.cluster_steps))
 
 
 if __name__ == "__main__":
