@@ -302,6 +302,9 @@ def run_worker_config(cfg, source: str, name: str | None = None, max_groups: int
     signal.pthread_sigmask(signal.SIG_UNBLOCK, set(STOP_SIGNALS))
     try:
         return worker.run()
+    except WaitCancelled as waited:   # a stop while it waited for the broker, before it joined
+        say(f"dockyard rollout-worker {name}: stopped while {waited}; it had not joined")
+        return 0
     except DockyardError as err:
         say(f"dockyard rollout-worker {name}: {err.report()}")
         return err.exit_status
