@@ -219,8 +219,11 @@ def submit_workers(loaded: LoadedConfig, folder: Path, count: int, partition: st
     from dockyard.launch.worker_job import RolloutWorkerJob, build_worker_executor
 
     cfg = loaded.config
+    rollout = cfg.cluster.rollout
+    flags = (_shared_flags(cfg), _gpu_flags(cfg, cfg.cluster.gpus_per_node if rollout.gpus_per_node is None
+                                             else rollout.gpus_per_node))
     if dry_run:
-        executor = build_worker_executor(cfg, folder, partition, require_slurm=False)
+        executor = build_worker_executor(cfg, folder, partition, *flags, require_slurm=False)
         print(f"sbatch script of each of the {count} rollout-worker job(s):\n")
         print(executor._make_submission_file_text(executor._submitit_command_str, "dry-run"))
         return 0
@@ -231,7 +234,7 @@ def submit_workers(loaded: LoadedConfig, folder: Path, count: int, partition: st
         folder.mkdir(parents=True, exist_ok=True)
         config_path = folder / f"config_{time.strftime('%Y%m%d-%H%M%S')}_{uuid.uuid4().hex[:6]}.yaml"
         config_path.write_text(loaded.to_yaml())
-    executor = build_worker_executor(cfg, folder, partition)
+    executor = build_worker_executor(cfg, folder, partition, *flags)
     ids = []
     try:
         os.environ["DOCKYARD_IMPORT_PATH"] = import_folders(Path(loaded.source))

@@ -35,19 +35,16 @@ class RolloutWorkerJob:
         return {"worker": name, "status": "left"}
 
 
-def build_worker_executor(cfg: MasterConfig, folder: Path, partition: str | None, require_slurm: bool = True):
-    """One node, one task: the worker starts its servers itself, as `dockyard run` does."""
+def build_worker_executor(cfg: MasterConfig, folder: Path, partition: str | None, shared: dict,
+                          gpu_flags: dict, require_slurm: bool = True):
+    """One node, one task: the worker starts its servers itself, as `dockyard run` does. `shared` and
+    `gpu_flags` are the options dockyard-submit gives every job of the run (launch/submit.py)."""
     from dockyard.launch.executor import HetSlurmExecutor
-    from dockyard.launch.submit import _gpu_flags, _shared_flags
 
-    shared = _shared_flags(cfg)
-    shared["job_name"] = f"{shared['job_name']}-rollout"
+    shared = dict(shared, job_name=f"{shared['job_name']}-rollout")
     if partition is not None:
         shared["partition"] = partition
-    rollout = cfg.cluster.rollout
-    gpus = cfg.cluster.gpus_per_node if rollout.gpus_per_node is None else rollout.gpus_per_node
     executor = HetSlurmExecutor(folder / "workers", require_slurm=require_slurm)
     executor.update_parameters(nodes=1, ntasks_per_node=1, setup=list(cfg.cluster.slurm.setup),
-                               additional_parameters=dict(cfg.cluster.slurm.additional), **shared,
-                               **_gpu_flags(cfg, gpus))
+                               additional_parameters=dict(cfg.cluster.slurm.additional), **shared, **gpu_flags)
     return executor
