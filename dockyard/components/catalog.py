@@ -45,6 +45,8 @@ _IMPLEMENTED = {
     ("environment", "gpqa"): "dockyard.envs.gpqa:GpqaEnvironment",
     ("environment", "terminal_bench"): "dockyard.envs.terminal_bench:TerminalBenchEnvironment",
     ("agent", "tool_calling"): "dockyard.agents.tool_calling:ToolCallingAgent",
+    ("agent", "computer_use"): "dockyard.agents.computer_use:ComputerUseAgent",
+    ("environment", "osworld"): "dockyard.envs.osworld:OSWorldEnvironment",
 }
 
 _DECLARED = {
@@ -82,14 +84,14 @@ _DECLARED = {
         "swe": "SWE-bench style repository tasks: apply a patch, run the tests in a sandbox",
         "program_bench": "program synthesis: run candidate programs against hidden tests",
         "terminal_bench": "multi-turn shell tasks in a sandbox, scored by a checker script",
-        "osworld": "computer-use tasks on a virtual desktop, scored by task evaluators",
+        "osworld": "OSWorld-format computer-use tasks on a desktop in a sandbox, scored by the tasks' evaluators",
         "gdpval": "file-producing knowledge-work tasks (single shot or agentic) graded by per-task checks on the file",
         "hle": "Humanity's Last Exam questions with exact-answer scoring",
         "gpqa": "GPQA multiple-choice science questions",
     },
     "agent": {
         "tool_calling": "multi-turn agent: model emits tool calls, environment returns observations",
-        "computer_use": "screenshot-in / action-out agent for GUI environments",
+        "computer_use": "desktop agent: accessibility tree in, pyautogui / computer_13 actions out (OSWorld)",
     },
     "logger": {
         "tensorboard": "TensorBoard event files under logger.log_dir",

@@ -56,7 +56,8 @@ class AgentRolloutCollector(RolloutCollector):
             raise ValueError(f"env.agent: environment {cfg.env.name!r} is single-turn; set env.agent to null")
         self.agent = registry.build("agent", cfg.env.agent, tokenizer=tokenizer, tools=env.tools,
                                     system_prompt=cfg.data.add_system_prompt, chat_template=chat_template,
-                                    template_kwargs=template_kwargs, tool_format=getattr(env, "tool_format", "auto"))
+                                    template_kwargs=template_kwargs, tool_format=getattr(env, "tool_format", "auto"),
+                                    **getattr(env, "agent_settings", {}))
         self.max_turns = cfg.grpo.max_rollout_turns
         self.max_total = cfg.policy.max_total_sequence_length
         self.workers = cfg.env.num_workers
@@ -67,16 +68,25 @@ class AgentRolloutCollector(RolloutCollector):
     # --- one batch of episodes ----------------------------------------------------------------
 
     def _open(self, episode: Episode) -> None:
-        episode.transcript = Transcript(self.agent.first_prompt(episode.prompt))
-        if len(episode.transcript.prompt_ids) >= self.max_total:
-            # the config's budget, not this attempt's bad luck: no retry can fix it
-            raise DatasetError(f"a first prompt of {len(episode.transcript.prompt_ids)} tokens (system message, tool "
-                               f"format and instruction) leaves no room within policy.max_total_sequence_length "
-                               f"({self.max_total})")
         try:
             episode.handle = self.env.open(episode.prompt)
         except Exception as err:
             episode.done, episode.error, episode.ended_by = True, f"{type(err).__name__}: {err}", "error"
+        # an environment whose agent sees it before acting (a desktop) gives its first observation
+        seen = getattr(episode.handle, "first_observation", None)
+        episode.transcript = Transcript(self.agent.first_prompt(episode.prompt, *([seen] if seen is not None else [])))
+        if len(episode.transcript.prompt_ids) >= self.max_total and not episode.done:
+            if seen is not None:   # this attempt's observation was too long: another may fit
+                episode.done, episode.ended_by = True, "error"
+                episode.error = (f"the first prompt with the environment's first observation is "
+                                 f"{len(episode.transcript.prompt_ids)} tokens, no room within "
+                                 f"policy.max_total_sequence_length ({self.max_total})")
+                return
+            # the config's budget, not this attempt's bad luck: no retry can fix it
+            episode.handle.close()
+            raise DatasetError(f"a first prompt of {len(episode.transcript.prompt_ids)} tokens (system message, tool "
+                               f"format and instruction) leaves no room within policy.max_total_sequence_length "
+                               f"({self.max_total})")
 
     def _act(self, episode: Episode, reply: str, reply_ended: bool, versions: list[int] | None = None) -> None:
         """Read the reply; run its action; add the observation's tokens (or end the episode)."""
@@ -87,6 +97,9 @@ class AgentRolloutCollector(RolloutCollector):
         episode.turns.append(turn)
         if action.kind == "submit":
             episode.done, episode.ended_by = True, "submit"
+            note = getattr(episode.handle, "submitted", None)
+            if note is not None:   # how the agent ended matters to some tasks (OSWorld's FAIL)
+                note(action)
             return
         if action.kind == "invalid":
             episode.invalid_actions += 1

@@ -263,6 +263,10 @@ def _agent_setup(cfg: MasterConfig) -> list[Problem]:
         return [Problem("env.agent", f"environment {env.name!r} is multi-turn; it needs an agent (tool_calling)")]
     if not multi_turn and env.agent is not None:
         return [Problem("env.agent", f"environment {env.name!r} is single-turn; set env.agent to null")]
+    agents = getattr(environment, "agents", ("tool_calling",))
+    if env.agent is not None and env.agent not in agents:
+        return [Problem("env.agent", f"environment {env.name!r} works with the agent {' or '.join(agents)}, "
+                        f"not {env.agent}")]
     if env.sandbox is not None:
         from dockyard.sandboxes.base import SandboxError
         from dockyard.sandboxes.factory import SandboxFactory

@@ -1,0 +1,81 @@
+"""What the model sees of the desktop: the accessibility tree as OSWorld's agents read it, one line per
+visible element (`tag`, `name`, `text`, position, size, tab-separated), the way OSWorld linearises its
+tree for `a11y_tree` observations; and the screenshot, checked against the image caps."""
+
+from __future__ import annotations
+
+import re
+import struct
+
+from dockyard.errors import DockyardError
+
+ST = "{https://accessibility.ubuntu.example.org/ns/state}"
+CP = "{https://accessibility.ubuntu.example.org/ns/component}"
+HEADER = "tag\tname\ttext\tposition (top-left x&y)\tsize (w&h)"
+KEPT_TAGS = {   # roles a person acts on or reads; containers (filler, panel) only hold these
+    "push-button", "toggle-button", "check-box", "radio-button", "menu", "menu-item", "check-menu-item",
+    "radio-menu-item", "text", "entry", "password-text", "label", "link", "combo-box", "list-item", "table-cell",
+    "page-tab", "tool-bar", "icon", "terminal", "document-text", "document-spreadsheet", "paragraph", "heading",
+    "spin-button", "slider", "scroll-bar", "tree-item", "image", "frame", "dialog", "alert", "status-bar",
+    "canvas", "table-column-header", "table-row-header", "editbar", "section", "notification",
+}
+_PAIR = re.compile(r"\((-?\d+), (-?\d+)\)")
+
+
+class ObservationError(DockyardError, ValueError):
+    """An observation the model cannot be given (a screenshot over the image caps); the message names it."""
+
+
+def linearize(xml: str, width: int, height: int, max_chars: int) -> str:
+    """The tree's visible, on-screen elements, one per line; cut to max_chars with a note."""
+    import xml.etree.ElementTree as ET
+
+    root = ET.fromstring(xml)
+    lines = [HEADER]
+    for element in root.iter():
+        if element.tag not in KEPT_TAGS:
+            continue
+        if element.get(f"{ST}showing") != "true" or element.get(f"{ST}visible") != "true":
+            continue
+        where, size = _PAIR.match(element.get(f"{CP}screencoord", "")), _PAIR.match(element.get(f"{CP}size", ""))
+        if not where or not size:
+            continue
+        x, y, w, h = int(where[1]), int(where[2]), int(size[1]), int(size[2])
+        if w <= 0 or h <= 0 or x >= width or y >= height or x + w <= 0 or y + h <= 0:
+            continue
+        name = element.get("name", "")
+        text = (element.text or "").replace("\t", " ")
+        if element.tag == "terminal" or len(text) > 1000:   # a terminal's scroll-back: its last lines
+            text = "\\n".join(text.rstrip("\n").split("\n")[-30:])
+        else:
+            text = text.replace("\n", "\\n")
+        if not name and not text and element.tag not in ("push-button", "check-box", "entry", "text"):
+            continue
+        lines.append(f"{element.tag}\t{name}\t{text}\t({x}, {y})\t({w}, {h})")
+    text = "\n".join(lines)
+    if len(text) > max_chars:
+        text = text[:max_chars] + f"\n[... the tree was cut at {max_chars} characters (env.max_observation_chars) ...]"
+    return text
+
+
+def terminal_text(xml: str) -> str | None:
+    """The text of the desktop's terminals (OSWorld's vm_terminal_output), None when none is open."""
+    import xml.etree.ElementTree as ET
+
+    texts = [element.text or "" for element in ET.fromstring(xml).iter("terminal")]
+    return "\n".join(texts) if texts else None
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    if data[:8] != b"\x89PNG\r\n\x1a\n" or data[12:16] != b"IHDR":
+        raise ObservationError("the screenshot is not a PNG")
+    return struct.unpack(">II", data[16:24])
+
+
+def check_screenshot(data: bytes, max_pixels: int | None) -> tuple[int, int]:
+    """A screenshot's size, refused when it is over policy.generation.max_image_pixels."""
+    width, height = png_size(data)
+    if max_pixels is not None and width * height > max_pixels:
+        raise ObservationError(f"a {width}x{height} screenshot is {width * height} pixels, over "
+                               f"policy.generation.max_image_pixels ({max_pixels}); make env.screen smaller")
+    return width, height
