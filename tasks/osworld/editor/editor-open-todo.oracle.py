@@ -1,0 +1,2 @@
+pyautogui.typewrite("mousepad ~/Documents/todo.txt &\n")
+time.sleep(3)

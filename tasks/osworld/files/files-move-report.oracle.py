@@ -1,0 +1,8 @@
+pyautogui.click(526, 231)
+pyautogui.hotkey("ctrl", "x")
+pyautogui.hotkey("ctrl", "l")
+pyautogui.typewrite("/home/user/Documents\n")
+time.sleep(1.5)
+pyautogui.click(760, 450)
+pyautogui.hotkey("ctrl", "v")
+time.sleep(1.5)

@@ -1,0 +1,7 @@
+pyautogui.click(526, 231)
+pyautogui.press("f2")
+time.sleep(1)
+pyautogui.hotkey("ctrl", "a")
+pyautogui.typewrite("final.txt")
+pyautogui.press("enter")
+time.sleep(1)

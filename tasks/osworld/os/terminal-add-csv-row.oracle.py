@@ -1,0 +1,2 @@
+pyautogui.typewrite("echo bob,25 >> ~/Desktop/people.csv\n")
+time.sleep(1)

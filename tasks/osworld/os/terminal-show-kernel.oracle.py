@@ -1,0 +1,2 @@
+pyautogui.typewrite("uname -s\n")
+time.sleep(1)
