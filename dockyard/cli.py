@@ -157,10 +157,14 @@ def cmd_env_serve_swe(ns: argparse.Namespace) -> int:
 def cmd_env_index(ns: argparse.Namespace) -> int:
     import json
 
-    from dockyard.envs.terminal_tasks import index_rows
+    from dockyard.envs import osworld_tasks, terminal_tasks
 
     out = Path(ns.out) if ns.out else None
-    rows = index_rows(ns.folder, out.parent if out else Path.cwd())
+    folder = Path(ns.folder)
+    # a folder of task folders (task.yaml / task.toml) is terminal tasks; one of task JSON files is OSWorld's
+    terminal = folder.is_file() or any(folder.glob("**/task.yaml")) or any(folder.glob("**/task.toml"))
+    index_rows = terminal_tasks.index_rows if terminal or not any(folder.glob("**/*.json")) else osworld_tasks.index_rows
+    rows = index_rows(folder, out.parent if out else Path.cwd())
     text = "".join(json.dumps(row) + "\n" for row in rows)
     if out:
         out.write_text(text)

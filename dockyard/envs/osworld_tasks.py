@@ -167,7 +167,8 @@ def _urls(task: dict) -> list[str]:
     return urls
 
 
-def load_task(path: Path, files_dir: Path | None = None) -> OSWorldTask:
+def load_task(path: Path, files_dir: Path | None = None, find_files: bool = True) -> OSWorldTask:
+    """The task in `path`, checked; find_files: its downloads' local copies found (an index skips it)."""
     path = Path(path)
     try:
         data = json.loads(path.read_text())
@@ -214,7 +215,7 @@ def load_task(path: Path, files_dir: Path | None = None) -> OSWorldTask:
         _check_getter(expected, f"{where}.expected")
     if "infeasible" in funcs and len(funcs) > 1:
         raise OSWorldTaskError(f"{path}: `infeasible` must be the evaluator's only func")
-    for url in _urls(data):
+    for url in _urls(data) if find_files else []:
         copy = local_copy(url, path, files_dir)
         if copy is None:
             raise OSWorldTaskError(f"{path}: {url} has no local copy (nothing is downloaded at run time): put the "
@@ -233,7 +234,8 @@ def is_index(data) -> bool:
         isinstance(ids, list) and all(isinstance(i, str) for i in ids) for ids in data.values())
 
 
-def load_tasks(source: Path, files_dir: Path | None = None, problems: list[str] | None = None) -> list[OSWorldTask]:
+def load_tasks(source: Path, files_dir: Path | None = None, problems: list[str] | None = None,
+               find_files: bool = True) -> list[OSWorldTask]:
     """Every task of a task file, a folder (searched recursively; index files such as test_all.json
     are skipped) or a jsonl of dataset rows whose metadata names the task file (`task.path` or
     `path`). With `problems`, a task that cannot be read is noted there and the others still load."""
@@ -268,7 +270,7 @@ def load_tasks(source: Path, files_dir: Path | None = None, problems: list[str] 
     tasks, seen = [], {}
     for path in paths:
         try:
-            task = load_task(path, files_dir)
+            task = load_task(path, files_dir, find_files)
             if task.id in seen:
                 raise OSWorldTaskError(f"{path}: task id {task.id!r} is also {seen[task.id]}")
             seen[task.id] = path
@@ -284,7 +286,7 @@ def index_rows(source: Path, relative_to: Path) -> list[dict]:
     """Dataset rows for `dockyard env index`: {"instruction", "task": {"path", "name"}}."""
     base = Path(relative_to).resolve()
     rows = []
-    for task in load_tasks(source):
+    for task in load_tasks(source, find_files=False):
         path = task.path.resolve()
         try:
             shown = str(path.relative_to(base))

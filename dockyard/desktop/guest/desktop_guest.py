@@ -79,11 +79,12 @@ class Desktop:
         if "DBUS_SESSION_BUS_ADDRESS" not in self.env:
             raise RuntimeError(f"dbus-launch gave no session bus: {bus.stderr.strip()[-300:]}")
         self._spawn(["/usr/libexec/at-spi-bus-launcher", "--launch-immediately"])
-        self._spawn(["openbox", "--sm-disable"])
-        self._wait(lambda: self._quiet(["wmctrl", "-m"]) == 0, deadline, "the window manager (openbox)")
-        # the accessibility registry starts on its first use; an application that raced its start hung
-        # without a window now and then (pcmanfm, 1 start in 3), so it is brought up before any is launched
-        self.a11y_tree(max_nodes=1, timeout_s=max(deadline - time.monotonic(), 1))
+        # openbox claims the screen before it manages windows: a window mapped in between was never shown
+        # (its application then waited forever, 1 start in 2 with two desktops starting at once), so the
+        # desktop is up only once openbox runs its --startup command, when its start-up is done
+        ready = "/tmp/dockyard-openbox-ready"
+        self._spawn(["openbox", "--sm-disable", "--startup", f"touch {ready}"])
+        self._wait(lambda: os.path.exists(ready), deadline, "the window manager (openbox) to finish starting")
         self.started = True
         return {"seconds": round(time.monotonic() - began, 3)}
 
