@@ -27,7 +27,8 @@ SPECIALS = ("WAIT", "DONE", "FAIL")
 MAX_ACTIONS = 50          # per reply
 MAX_TEXT = 4000           # characters typed by one action
 MAX_SLEEP_S = 10.0        # one sleep; OSWorld's agents wait between steps, not for minutes
-_BLOCK = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n?(.*?)```", re.DOTALL)
+# a language word only where a newline follows it: ```DONE``` is the block "DONE", not a language
+_BLOCK = re.compile(r"```(?:[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n)?(.*?)```", re.DOTALL)
 
 NAMED_KEYS = {
     "enter": "Return", "return": "Return", "\n": "Return", "tab": "Tab", "\t": "Tab", "space": "space",

@@ -73,7 +73,8 @@ class DesktopSession:
                          home=self.sandbox.workdir, timeout_s=self.start_timeout_s)
         except DesktopError as err:
             self.close()
-            raise DesktopError(f"{self.name}: the desktop did not come up: {err}") from None
+            why = str(err).removeprefix(f"{self.name}: ").removeprefix("start: ")
+            raise DesktopError(f"{self.name}: the desktop did not come up: {why}") from None
         self.start_seconds = time.monotonic() - started
         return self
 
