@@ -1,6 +1,6 @@
 """The local presets of the config family's environments (swe single shot and agentic, swe on the jax
 backend, swe_pro,
-program_bench, hle, gpqa, gdpval single shot and agentic) each train a step in this process (loop_run): the tiny model's
+program_bench, hle, gpqa, gdpval single shot and agentic, osworld) each train a step in this process (loop_run): the tiny model's
 replies go through the environment's own prompts, sandboxes and scoring, and every trajectory is
 scored without an error."""
 
@@ -28,6 +28,7 @@ PRESETS = {   # each preset's own task paths (tasks/... from the run's folder), 
     "gpqa_local.yaml": (),
     "grpo_gdpval_local.yaml": (),
     "grpo_gdpval_agentic_local.yaml": ("grpo.max_rollout_turns=2", "policy.max_total_sequence_length=1024"),
+    "grpo_osworld_local.yaml": ("grpo.max_rollout_turns=2",),   # desktops in bubblewrap, the a11y tree as text
 }
 
 
@@ -50,5 +51,7 @@ def test_each_environment_preset_trains_a_step(loop_run, tiny_model, tmp_path, p
         assert "val/accuracy" in json.loads(next(tmp_path.glob("runs/*/logs/metrics.jsonl")).read_text().splitlines()[0])
     if preset == "grpo_gdpval_agentic_local.yaml":
         assert all(r["turns"] for r in records)
+    if preset == "grpo_osworld_local.yaml":   # each episode's desktop was set up, acted on and evaluated
+        assert all(r["turns"] and "reward" in r["sandbox_events"][-1] for r in records)
     if preset == "grpo_swe_local.yaml+agent":   # the agent's episodes ended with their diff scored
         assert all(r["turns"] and "patch" in r["sandbox_events"][-1] for r in records)
