@@ -201,7 +201,7 @@ class Desktop:
         return {"returncode": result.returncode, "output": result.stdout[:max_bytes].decode(errors="replace"),
                 "error": result.stderr[:max_bytes].decode(errors="replace")}
 
-    def launch(self, command, shell: bool) -> dict:
+    def launch(self, command, shell: bool = False) -> dict:
         argv = ["/bin/sh", "-c", command] if shell or isinstance(command, str) else list(command)
         if shutil.which(argv[0], path=SYSTEM_PATH) is None and not os.path.isabs(argv[0]):
             raise RuntimeError(f"launch: {argv[0]} is not installed in the desktop")
