@@ -24,6 +24,7 @@ Extra env keys (checked before anything starts):
 
 from __future__ import annotations
 
+import shutil
 import sys
 import tempfile
 import threading
@@ -39,7 +40,7 @@ from dockyard.desktop.actions import ActionError, Screen, parse_pyautogui
 from dockyard.desktop.observation import linearize
 from dockyard.desktop.session import DesktopError, DesktopSession, missing_programs
 from dockyard.envs.osworld_evaluation import EvaluationError, evaluate, run_steps
-from dockyard.envs.osworld_tasks import OSWorldTask, OSWorldTaskError, load_task, load_tasks
+from dockyard.envs.osworld_tasks import OSWorldTask, OSWorldTaskError, launched_programs, load_task, load_tasks
 from dockyard.envs.terminal_trial import TrialResult
 from dockyard.sandboxes.base import SandboxSpec
 from dockyard.sandboxes.factory import SandboxFactory
@@ -149,8 +150,18 @@ class OSWorldEnvironment:
         file = file.resolve()
         with self._lock:
             if file not in self._tasks:
-                self._tasks[file] = load_task(file, self.settings.files_dir)
+                self._tasks[file] = self.usable(load_task(file, self.settings.files_dir))
             return self._tasks[file]
+
+    def usable(self, task: OSWorldTask) -> OSWorldTask:
+        """The task, or OSWorldTaskError naming an application it launches that the desktop lacks (where the
+        desktop runs on this machine's /usr; an image's own programs are found when it runs)."""
+        if self.sandboxes.config.image is None:
+            for where, program in launched_programs(task):
+                if shutil.which(program) is None:
+                    raise OSWorldTaskError(f"{task.path}: {where} launches {program}, which the desktop does not "
+                                           "have (containers/desktop.packages lists what it has)")
+        return task
 
     def open(self, prompt: Prompt) -> "OSWorldEpisode":
         return OSWorldEpisode(self, self.task_for(prompt))
@@ -161,7 +172,12 @@ class OSWorldEnvironment:
         no-op agent; a task that cannot be read is reported and the others still run."""
         env = cls(cfg.env)
         problems: list[str] = []
-        tasks = load_tasks(source, env.settings.files_dir, problems)
+        tasks = []
+        for task in load_tasks(source, env.settings.files_dir, problems):
+            try:
+                tasks.append(env.usable(task))
+            except OSWorldTaskError as err:
+                problems.append(str(err))
         with ThreadPoolExecutor(max_workers=min(cfg.env.num_workers, env.capacity)) as pool:
             return list(pool.map(lambda task: env.trial(task, agent), tasks)), problems
 
@@ -212,7 +228,8 @@ class OSWorldEpisode:
             self.desktop = DesktopSession(self.sandbox, self.settings.width, self.settings.height,
                                           start_timeout_s=sandbox_config.creation_timeout_s,
                                           request_timeout_s=min(sandbox_config.command_exec_timeout_s, 120.0)).start()
-            run_steps(self.desktop, task.config, task, self.events, sandbox_config.command_exec_timeout_s)
+            run_steps(self.desktop, task.config, task, self.events, sandbox_config.command_exec_timeout_s,
+                      (self.settings.width, self.settings.height))
             self.first_observation = self.observe()
         except BaseException:
             self.close()

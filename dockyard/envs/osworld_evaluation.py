@@ -20,7 +20,8 @@ from pathlib import Path
 from dockyard.desktop.observation import terminal_text
 from dockyard.desktop.session import DesktopSession
 from dockyard.envs.osworld_metrics import METRICS
-from dockyard.envs.osworld_tasks import OSWorldTask
+from dockyard.desktop.actions import Screen, parse_pyautogui
+from dockyard.envs.osworld_tasks import OSWorldTask, pyautogui_script
 from dockyard.errors import DockyardError
 
 MAX_SLEEP_S = 60.0
@@ -32,7 +33,7 @@ class EvaluationError(DockyardError, RuntimeError):
 
 
 def run_steps(desktop: DesktopSession, steps: list[dict], task: OSWorldTask, events: list[dict],
-              timeout_s: float) -> None:
+              timeout_s: float, screen: tuple[int, int]) -> None:
     for number, step in enumerate(steps):
         kind, params = step["type"], step.get("parameters", {})
         where = f"task {task.id}: {kind} step {number}"
@@ -41,6 +42,9 @@ def run_steps(desktop: DesktopSession, steps: list[dict], task: OSWorldTask, eve
                 time.sleep(min(float(params["seconds"]), MAX_SLEEP_S))
             elif kind == "launch":
                 desktop.request("launch", command=params["command"], shell=bool(params.get("shell", False)))
+            elif kind in ("execute", "command") and pyautogui_script(params["command"]) is not None:
+                desktop.act(parse_pyautogui(pyautogui_script(params["command"]), Screen(*screen)))
+                events.append({"step": kind, "pyautogui": pyautogui_script(params["command"])})
             elif kind in ("execute", "command"):
                 result = desktop.run(params["command"], shell=bool(params.get("shell", False)), timeout_s=timeout_s)
                 events.append({"step": kind, "command": params["command"], "returncode": result.get("returncode"),
@@ -116,7 +120,7 @@ def evaluate(desktop: DesktopSession, task: OSWorldTask, last_action: str | None
     if last_action == "FAIL":
         events.append({"evaluation": "the agent said FAIL on a feasible task: 0"})
         return 0.0
-    run_steps(desktop, task.evaluator.get("postconfig") or [], task, events, timeout_s)
+    run_steps(desktop, task.evaluator.get("postconfig") or [], task, events, timeout_s, screen)
     conj = task.evaluator.get("conj", "and")
     scores = []
     for func, result_getter, expected_getter, options in task.evaluations():

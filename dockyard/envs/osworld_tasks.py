@@ -30,8 +30,8 @@ from dockyard.errors import DockyardError
 
 SETUP_STEPS = {   # type -> (required parameters, optional parameters)
     "launch": ({"command"}, {"shell"}),
-    "execute": ({"command"}, {"shell", "stdout", "stderr", "until"}),
-    "command": ({"command"}, {"shell", "stdout", "stderr", "until"}),
+    "execute": ({"command"}, {"shell", "stdout", "stderr"}),   # stdout / stderr: kept in the episode's events
+    "command": ({"command"}, {"shell", "stdout", "stderr"}),
     "open": ({"path"}, set()),
     "sleep": ({"seconds"}, set()),
     "download": ({"files"}, set()),
@@ -95,6 +95,19 @@ class OSWorldTask:
                 for n, func in enumerate(funcs)]
 
 
+PYTHONS = ("python", "python3")
+
+
+def pyautogui_script(command) -> str | None:
+    """The code of an `execute` step that is OSWorld's `python -c "import pyautogui; ..."` (tasks use it to
+    press keys in set-up and postconfig, e.g. ctrl+s before a file is read), else None. It runs through
+    the agent's own action parser, not a Python with pyautogui inside the desktop."""
+    if isinstance(command, list) and len(command) == 3 and command[0] in PYTHONS and command[1] == "-c" \
+            and isinstance(command[2], str) and "pyautogui" in command[2]:
+        return command[2]
+    return None
+
+
 def _check_step(step, where: str) -> None:
     if not isinstance(step, dict) or not isinstance(step.get("type"), str):
         raise OSWorldTaskError(f"{where}: a set-up step must be an object with a `type`")
@@ -113,6 +126,14 @@ def _check_step(step, where: str) -> None:
     if unknown:
         raise OSWorldTaskError(f"{where}: {kind} has unknown parameter {unknown[0]!r} (known: "
                                f"{', '.join(sorted(required | optional))})")
+    script = pyautogui_script(params.get("command")) if kind in ("execute", "command") else None
+    if script is not None:
+        from dockyard.desktop.actions import ActionError, Screen, parse_pyautogui
+
+        try:
+            parse_pyautogui(script, Screen(1 << 16, 1 << 16))   # the screen's own size is checked when it runs
+        except ActionError as err:
+            raise OSWorldTaskError(f"{where}: its pyautogui script: {err}") from None
     if kind == "download":
         if not isinstance(params["files"], list) or not all(isinstance(f, dict) and {"url", "path"} <= set(f)
                                                               for f in params["files"]):
@@ -136,6 +157,18 @@ def _check_getter(getter, where: str) -> None:
     if unknown:
         raise OSWorldTaskError(f"{where}: getter {kind} has unknown key {unknown[0]!r} (known: "
                                f"{', '.join(sorted(required | optional))})")
+
+
+def launched_programs(task: "OSWorldTask") -> list[tuple[str, str]]:
+    """(where, program) of every `launch` step that names its program as a list (a shell line is left to
+    the shell)."""
+    programs = []
+    for key, steps in (("config", task.config), ("evaluator.postconfig", task.evaluator.get("postconfig") or [])):
+        for number, step in enumerate(steps):
+            command = step.get("parameters", {}).get("command")
+            if step["type"] == "launch" and isinstance(command, list) and command and not step["parameters"].get("shell"):
+                programs.append((f"{key}[{number}]", str(command[0])))
+    return programs
 
 
 def local_copy(url: str, task_file: Path, files_dir: Path | None) -> Path | None:

@@ -302,3 +302,40 @@ def test_infeasible_tasks_want_fail_and_feasible_ones_do_not(environment):
             assert episode.finish() == reward, (task_file, special)
         finally:
             episode.close()
+
+
+def test_a_published_pyautogui_step_is_read_by_the_action_parser(tmp_path):
+    """OSWorld's tasks press keys in set-up and postconfig with `python -c "import pyautogui; ..."`: the
+    script goes through the agent's parser (no Python with pyautogui inside), and one beyond it is refused
+    when the task loads."""
+    bad = {"type": "execute", "parameters": {"command": ["python", "-c", "import os; os.remove('/home/user/x')"]}}
+    with pytest.raises(OSWorldTaskError, match=r"config\[0\]: its pyautogui script: only `import pyautogui`"):
+        load_task(_task(tmp_path, config=[{"type": "execute", "parameters": {
+            "command": ["python", "-c", "import pyautogui; import os; os.remove('/home/user/x')"]}}]))
+    load_task(_task(tmp_path, config=[bad]))   # not a pyautogui script: an ordinary command the desktop runs
+
+
+@needs_desktop
+def test_postconfig_keys_save_the_editor_and_a_missing_application_is_named(environment, tmp_path):
+    from dockyard.envs.osworld import OSWorldEpisode
+
+    task = {"id": "save-by-postconfig", "instruction": "Type ok into the open note.", "config": [
+        {"type": "execute", "parameters": {"command": "printf 'hi\\n' > ~/note.txt", "shell": True}},
+        {"type": "open", "parameters": {"path": "/home/user/note.txt"}}],
+        "evaluator": {"postconfig": [{"type": "execute", "parameters": {"command": [
+            "python", "-c", "import pyautogui; import time; pyautogui.hotkey('ctrl', 's'); time.sleep(0.5);"]}}],
+            "func": "check_include_exclude", "result": {"type": "vm_command_line", "command": "cat ~/note.txt",
+                                                       "shell": True},
+            "expected": {"type": "rule", "rules": {"include": ["ok"], "exclude": []}}}}
+    (tmp_path / "save.json").write_text(json.dumps(task))
+    episode = OSWorldEpisode(environment, load_task(tmp_path / "save.json"))
+    try:
+        _typed(episode, "ok")    # typed, never saved by the agent: the task's postconfig saves it
+        assert episode.finish() == 1.0
+    finally:
+        episode.close()
+    chrome = dict(task, id="needs-chrome", config=[{"type": "launch", "parameters": {"command": ["google-chrome"]}}])
+    (tmp_path / "chrome.json").write_text(json.dumps(chrome))
+    with pytest.raises(OSWorldTaskError, match=r"chrome.json: config\[0\] launches google-chrome, which the desktop "
+                                               r"does not have"):
+        environment.usable(load_task(tmp_path / "chrome.json"))
