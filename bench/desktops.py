@@ -1,8 +1,9 @@
 """Desktop figures (env osworld, docs/environments.md): what a desktop in a sandbox costs.
 
-    .venv/bin/python bench/desktops.py [--kinds bubblewrap,podman] [--repeats 5] [--most 8]
+    .venv/bin/python bench/desktops.py [--kinds bubblewrap,podman,podman-image] [--repeats 5] [--most 8]
 
-Prints, per sandbox kind:
+`podman-image` runs the desktops on the desktop image (tools/build_desktop_image.sh, built first if missing,
+its build time printed) instead of this machine's /usr. Prints, per sandbox kind:
 - start: creating the sandbox and its desktop (Xvfb, buses, openbox) until the first observation
   (the accessibility tree, linearised) is in hand; then with a terminal opened (`launch`, its window up);
 - observations on that desktop: the accessibility tree (read and linearised) and a PNG screenshot;
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +33,8 @@ from dockyard.desktop.session import DesktopSession        # noqa: E402
 from dockyard.sandboxes.base import SandboxSpec            # noqa: E402
 from dockyard.sandboxes.factory import SandboxFactory      # noqa: E402
 
+REPO = Path(__file__).resolve().parent.parent
+IMAGE = "localhost/dockyard-desktop:bookworm"
 WIDTH, HEIGHT = 1280, 720
 MEMORY = "ps -eo rss= | awk '{s += $1} END {print s}'"
 
@@ -57,8 +61,17 @@ def rss_mb(desktop: DesktopSession) -> float:
 
 
 def one_kind(kind: str, repeats: int, most: int) -> None:
-    factory = SandboxFactory(SandboxConfig(type=kind, max_concurrent=max(most, 1), creation_timeout_s=300))
     print(f"\n== {kind} ==")
+    image = {}
+    if kind == "podman-image":
+        began = time.monotonic()
+        built = subprocess.run(["bash", str(REPO / "tools" / "build_desktop_image.sh"), IMAGE], capture_output=True,
+                               text=True, timeout=1800)
+        if built.returncode != 0:
+            raise SystemExit(built.stderr)
+        print(f"image: {built.stdout.strip()} ({time.monotonic() - began:.0f} s here)")
+        kind, image = "podman", {"image": IMAGE, "agent_user": "sandbox"}
+    factory = SandboxFactory(SandboxConfig(type=kind, max_concurrent=max(most, 1), creation_timeout_s=300, **image))
     starts, with_terminal = [], []
     for n in range(repeats):
         sandbox, desktop, seconds = start(factory, f"bench {n}")
@@ -135,7 +148,7 @@ def one_kind(kind: str, repeats: int, most: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kinds", default="bubblewrap,podman")
+    parser.add_argument("--kinds", default="bubblewrap,podman,podman-image")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--most", type=int, default=8, help="the largest number of desktops started at once")
     args = parser.parse_args()

@@ -109,6 +109,10 @@ class OSWorldEnvironment:
         if sandbox.type not in DESKTOP_SANDBOXES:
             raise ValueError(f"env.sandbox.type: {sandbox.type} cannot hold a desktop (the agent's desktop must run "
                              f"isolated); use {' or '.join(DESKTOP_SANDBOXES)}")
+        if sandbox.image and sandbox.agent_user != "sandbox":
+            raise ValueError(f"env.sandbox.agent_user: {sandbox.agent_user} would make the agent root inside the "
+                             "image, which needs a built task image; a desktop image runs its agent as the "
+                             "sandbox's user: set env.sandbox.agent_user=sandbox")
         if sandbox.type in ("bubblewrap", "podman") and not sandbox.image:
             missing = missing_programs()
             if missing:

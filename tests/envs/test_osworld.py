@@ -339,3 +339,35 @@ def test_postconfig_keys_save_the_editor_and_a_missing_application_is_named(envi
     with pytest.raises(OSWorldTaskError, match=r"chrome.json: config\[0\] launches google-chrome, which the desktop "
                                                r"does not have"):
         environment.usable(load_task(tmp_path / "chrome.json"))
+
+
+def test_a_desktop_image_keeps_the_package_list_and_an_apptainer_desktop_renders(monkeypatch):
+    """apptainer cannot be installed here: the desktop's controller command on a cluster's image is
+    checked as rendered, and the Apptainer definition installs exactly containers/desktop.packages."""
+    from dockyard.sandboxes import apptainer as runtimes
+    from dockyard.sandboxes.base import SandboxLimits
+
+    listed = {line for line in (REPO / "containers" / "desktop.packages").read_text().splitlines()
+              if line and not line.startswith("#")}
+    definition = (REPO / "containers" / "desktop.def").read_text()
+    installed = set(definition.split("--no-install-recommends", 1)[1].split("rm -rf", 1)[0].replace("\\", " ").split())
+    assert listed <= installed, sorted(listed - installed)
+    with pytest.raises(ValueError, match="env.sandbox.agent_user: auto would make the agent root"):
+        OSWorldEnvironment.check_settings(EnvConfig(name="osworld", agent="computer_use", sandbox={
+            "type": "podman", "image": "localhost/dockyard-desktop:bookworm"}))
+    real = shutil.which
+    monkeypatch.setattr(runtimes.shutil, "which", lambda name: "/usr/bin/apptainer" if name == "apptainer"
+                        else real(name))
+    config = EnvConfig(name="osworld", agent="computer_use", sandbox={"type": "apptainer", "image": "/images/desktop.sif",
+                                                                      "agent_user": "sandbox"}).sandbox
+    with runtimes.ApptainerSandbox(SandboxSpec(workdir="/home/user", name="task t"), SandboxLimits(),
+                                   config=config) as box:
+        box.copy_in(Path(__file__).parents[2] / "dockyard" / "desktop" / "guest", "/dockyard-desktop", read_only=True)
+        argv = box.wrap(["/usr/bin/python3", "-I", "/dockyard-desktop/desktop_guest.py"], box.environment())
+        start = argv.index("apptainer")
+        assert argv[start:start + 3] == ["apptainer", "exec", "--containall"]   # its own pid and IPC namespaces
+        assert ["--network", "none"] == argv[argv.index("--network"):argv.index("--network") + 2]
+        binds = [argv[i + 1] for i, a in enumerate(argv) if a == "--bind"]
+        assert f"{box.mounts['/dockyard-desktop']}:/dockyard-desktop:ro" in binds
+        assert f"{box.mounts['/home/user']}:/home/user" in binds
+        assert argv[-4:] == ["/images/desktop.sif", "/usr/bin/python3", "-I", "/dockyard-desktop/desktop_guest.py"]
