@@ -129,6 +129,28 @@ class Prompt:
     source_file: str | None = None   # the dataset's file, which rows may name files relative to
 
 
+def row_path(prompt: Prompt, key: str = "path") -> Path | None:
+    """The file or folder a row's metadata names under `key` (a task's), resolved against the dataset
+    file's folder where relative; None when the row names none."""
+    value = prompt.metadata.get(key)
+    if not isinstance(value, str):
+        return None
+    path = Path(value)
+    if not path.is_absolute() and prompt.source_file:
+        path = Path(prompt.source_file).parent / path
+    return path.resolve()
+
+
+def index_row(instruction: str, path: Path, name: str, relative_to: Path) -> dict:
+    """A task set's dataset row (`dockyard env index`): the task's path relative to the index file's folder."""
+    path, base = Path(path).resolve(), Path(relative_to).resolve()
+    try:
+        shown = str(path.relative_to(base))
+    except ValueError:
+        shown = str(path)
+    return {"instruction": instruction, "task": {"path": shown, "name": name}}
+
+
 def load_prompts(config: DatasetConfig) -> list[Prompt]:
     """All rows of one dataset, validated and filtered; a bad row names the dataset and row."""
     if config.generator is not None:

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from dockyard.agents.tool_format import Action
 from dockyard.config.schema.env import EnvConfig, SandboxConfig
-from dockyard.data.datasets import Prompt
+from dockyard.data.datasets import Prompt, row_path
 from dockyard.desktop.actions import ActionError, Screen, parse_pyautogui
 from dockyard.desktop.observation import linearize
 from dockyard.desktop.session import DesktopError, DesktopSession, missing_programs
@@ -144,14 +144,10 @@ class OSWorldEnvironment:
         return self.sandboxes.config.max_concurrent
 
     def task_for(self, prompt: Prompt) -> OSWorldTask:
-        path = prompt.metadata.get("path")
-        if not isinstance(path, str):
+        file = row_path(prompt)
+        if file is None:
             raise OSWorldTaskError(f"dataset {prompt.source!r}: an osworld row needs its task file as `path` in its "
                                    "metadata (data.datasets[].metadata_key)")
-        file = Path(path)
-        if not file.is_absolute() and prompt.source_file:
-            file = Path(prompt.source_file).parent / file
-        file = file.resolve()
         with self._lock:
             if file not in self._tasks:
                 self._tasks[file] = self.usable(load_task(file, self.settings.files_dir))

@@ -108,6 +108,16 @@ def pyautogui_script(command) -> str | None:
     return None
 
 
+def _check_keys(given: set[str], required: set[str], optional: set[str], what: str, prefix: str) -> None:
+    missing = sorted(required - given)
+    if missing:
+        raise OSWorldTaskError(f"{what} needs {prefix}{missing[0]}")
+    unknown = sorted(given - required - optional)
+    if unknown:
+        raise OSWorldTaskError(f"{what} has unknown {prefix or 'key '}{unknown[0]!r} (known: "
+                               f"{', '.join(sorted(required | optional))})")
+
+
 def _check_step(step, where: str) -> None:
     if not isinstance(step, dict) or not isinstance(step.get("type"), str):
         raise OSWorldTaskError(f"{where}: a set-up step must be an object with a `type`")
@@ -118,14 +128,7 @@ def _check_step(step, where: str) -> None:
     params = step.get("parameters", {})
     if not isinstance(params, dict):
         raise OSWorldTaskError(f"{where}: {kind}.parameters must be an object")
-    required, optional = SETUP_STEPS[kind]
-    missing = sorted(required - set(params))
-    if missing:
-        raise OSWorldTaskError(f"{where}: {kind} needs parameters.{missing[0]}")
-    unknown = sorted(set(params) - required - optional)
-    if unknown:
-        raise OSWorldTaskError(f"{where}: {kind} has unknown parameter {unknown[0]!r} (known: "
-                               f"{', '.join(sorted(required | optional))})")
+    _check_keys(set(params), *SETUP_STEPS[kind], f"{where}: {kind}", "parameters.")
     script = pyautogui_script(params.get("command")) if kind in ("execute", "command") else None
     if script is not None:
         from dockyard.desktop.actions import ActionError, Screen, parse_pyautogui
@@ -149,14 +152,7 @@ def _check_getter(getter, where: str) -> None:
     if kind not in GETTERS:
         raise OSWorldTaskError(f"{where}: getter type {kind!r} is not supported (supported: "
                                f"{', '.join(sorted(GETTERS))})")
-    required, optional = GETTERS[kind]
-    missing = sorted(required - set(getter))
-    if missing:
-        raise OSWorldTaskError(f"{where}: getter {kind} needs {missing[0]!r}")
-    unknown = sorted(set(getter) - required - optional - {"type"})
-    if unknown:
-        raise OSWorldTaskError(f"{where}: getter {kind} has unknown key {unknown[0]!r} (known: "
-                               f"{', '.join(sorted(required | optional))})")
+    _check_keys(set(getter) - {"type"}, *GETTERS[kind], f"{where}: getter {kind}", "")
 
 
 def launched_programs(task: "OSWorldTask") -> list[tuple[str, str]]:
@@ -317,13 +313,6 @@ def load_tasks(source: Path, files_dir: Path | None = None, problems: list[str] 
 
 def index_rows(source: Path, relative_to: Path) -> list[dict]:
     """Dataset rows for `dockyard env index`: {"instruction", "task": {"path", "name"}}."""
-    base = Path(relative_to).resolve()
-    rows = []
-    for task in load_tasks(source, find_files=False):
-        path = task.path.resolve()
-        try:
-            shown = str(path.relative_to(base))
-        except ValueError:
-            shown = str(path)
-        rows.append({"instruction": task.instruction, "task": {"path": shown, "name": task.id}})
-    return rows
+    from dockyard.data.datasets import index_row
+
+    return [index_row(task.instruction, task.path, task.id, relative_to) for task in load_tasks(source, find_files=False)]

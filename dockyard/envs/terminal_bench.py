@@ -29,7 +29,7 @@ from pathlib import Path
 
 from dockyard.agents.tool_format import TERMINAL_TOOLS, Action
 from dockyard.config.schema.env import EnvConfig, SandboxConfig
-from dockyard.data.datasets import Prompt
+from dockyard.data.datasets import Prompt, row_path
 from dockyard.envs.terminal_tasks import TaskFormatError, TerminalTask, load_task, load_tasks
 from dockyard.envs.terminal_trial import (AGENTS, GRADINGS, NetworkPolicy, TrialResult, grading_sandbox, run_trial,
                                           sandbox_spec, setup_notes, verify)
@@ -87,14 +87,10 @@ class TerminalBenchEnvironment:
         return self.sandboxes.config.max_concurrent
 
     def task_for(self, prompt: Prompt) -> TerminalTask:
-        path = prompt.metadata.get("path")
-        if not isinstance(path, str):
+        folder = row_path(prompt)
+        if folder is None:
             raise TaskFormatError(f"dataset {prompt.source!r}: a terminal_bench row needs its task folder as `path` "
                                   "in its metadata (data.datasets[].metadata_key)")
-        folder = Path(path)
-        if not folder.is_absolute() and prompt.source_file:
-            folder = Path(prompt.source_file).parent / folder
-        folder = folder.resolve()
         with self._lock:
             if folder not in self._tasks:
                 self._tasks[folder] = load_task(folder)

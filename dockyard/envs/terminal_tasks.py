@@ -358,13 +358,6 @@ def load_tasks(source: str | Path, problems: list[str] | None = None) -> list[Te
 
 def index_rows(folder: str | Path, relative_to: str | Path) -> list[dict]:
     """Dataset rows for every task under `folder`: {"instruction", "task": {"path", "name"}}."""
-    base = Path(relative_to).resolve()
-    rows = []
-    for task in load_tasks(folder):
-        path = Path(task.folder).resolve()
-        try:
-            shown = str(path.relative_to(base))
-        except ValueError:
-            shown = str(path)
-        rows.append({"instruction": task.instruction, "task": {"path": shown, "name": task.name}})
-    return rows
+    from dockyard.data.datasets import index_row
+
+    return [index_row(task.instruction, task.folder, task.name, relative_to) for task in load_tasks(folder)]
