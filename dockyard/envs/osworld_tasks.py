@@ -167,9 +167,10 @@ def launched_programs(task: "OSWorldTask") -> list[tuple[str, str]]:
     return programs
 
 
-def local_copy(url: str, task_file: Path, files_dir: Path | None) -> Path | None:
+def local_copy(url: str, task_file: Path, files_dir: Path | None, saved_as: str = "") -> Path | None:
     """Where a download's file is on this machine: a file:// URL or a path (relative to the task file),
-    else the URL's file name in files_dir; None when there is no copy."""
+    else in files_dir under the URL's file name, or under the name the task saves it as (OSWorld's Google
+    Drive URLs end in `download?id=...`); None when there is no copy."""
     parsed = urlparse(url)
     if parsed.scheme in ("", "file"):
         path = Path(unquote(parsed.path))
@@ -177,22 +178,26 @@ def local_copy(url: str, task_file: Path, files_dir: Path | None) -> Path | None
         return path if path.is_file() else None
     if files_dir is None:
         return None
-    name = Path(unquote(parsed.path)).name
-    candidate = files_dir / name
-    return candidate if name and candidate.is_file() else None
+    for name in (Path(unquote(parsed.path)).name, Path(saved_as).name):
+        if name and (files_dir / name).is_file():
+            return files_dir / name
+    return None
 
 
-def _urls(task: dict) -> list[str]:
+def _urls(task: dict) -> list[tuple[str, str]]:
+    """(URL, the name the task saves it as) of every download and cloud_file."""
     urls = []
     for step in [*task.get("config", []), *task["evaluator"].get("postconfig", [])]:
         if step.get("type") == "download":
-            urls += [f["url"] for f in step["parameters"]["files"]]
+            urls += [(f["url"], f["path"]) for f in step["parameters"]["files"]]
     for key in ("result", "expected"):
         getters = task["evaluator"].get(key)
         for getter in getters if isinstance(getters, list) else [getters]:
             if isinstance(getter, dict) and getter.get("type") == "cloud_file":
-                paths = getter["path"] if isinstance(getter["path"], list) else [getter["path"]]
-                urls += paths
+                multi = isinstance(getter["path"], list)
+                paths = getter["path"] if multi else [getter["path"]]
+                dests = getter["dest"] if multi and isinstance(getter["dest"], list) else [getter["dest"]] * len(paths)
+                urls += list(zip(paths, dests))
     return urls
 
 
@@ -244,12 +249,12 @@ def load_task(path: Path, files_dir: Path | None = None, find_files: bool = True
         _check_getter(expected, f"{where}.expected")
     if "infeasible" in funcs and len(funcs) > 1:
         raise OSWorldTaskError(f"{path}: `infeasible` must be the evaluator's only func")
-    for url in _urls(data) if find_files else []:
-        copy = local_copy(url, path, files_dir)
+    for url, saved_as in _urls(data) if find_files else []:
+        copy = local_copy(url, path, files_dir, saved_as)
         if copy is None:
             raise OSWorldTaskError(f"{path}: {url} has no local copy (nothing is downloaded at run time): put the "
-                                   f"file in env.files_dir{f' ({files_dir})' if files_dir else ''} or give a path "
-                                   "relative to the task file")
+                                   f"file in env.files_dir{f' ({files_dir})' if files_dir else ''} under its name "
+                                   f"or as {Path(saved_as).name!r}, or give a path relative to the task file")
         task.files[url] = copy
     oracle = path.with_name(f"{path.stem}.oracle.py")
     if oracle.is_file():

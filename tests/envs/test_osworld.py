@@ -371,3 +371,19 @@ def test_a_desktop_image_keeps_the_package_list_and_an_apptainer_desktop_renders
         assert f"{box.mounts['/dockyard-desktop']}:/dockyard-desktop:ro" in binds
         assert f"{box.mounts['/home/user']}:/home/user" in binds
         assert argv[-4:] == ["/images/desktop.sif", "/usr/bin/python3", "-I", "/dockyard-desktop/desktop_guest.py"]
+
+
+def test_a_download_finds_its_local_copy_by_its_name_or_the_name_it_is_saved_as(tmp_path):
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "report.xlsx").write_text("x")
+    (files / "photo.jpg").write_text("y")
+    drive = {"type": "download", "parameters": {"files": [
+        {"url": "https://drive.usercontent.google.com/download?id=1AbC&export=download", "path": "/home/user/photo.jpg"},
+        {"url": "https://example.org/data/report.xlsx", "path": "/home/user/r.xlsx"}]}}
+    task = load_task(_task(tmp_path, config=[drive]), files)
+    assert sorted(path.name for path in task.files.values()) == ["photo.jpg", "report.xlsx"]
+    (files / "photo.jpg").unlink()
+    with pytest.raises(OSWorldTaskError, match="download\\?id=1AbC&export=download has no local copy .* or as "
+                                               "'photo.jpg'"):
+        load_task(_task(tmp_path, config=[drive]), files)
