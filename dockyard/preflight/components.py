@@ -259,11 +259,11 @@ def _agent_setup(cfg: MasterConfig) -> list[Problem]:
     multi_turn = getattr(environment, "multi_turn", False)
     if multi_turn is None:   # the environment works either way: env.agent decides
         multi_turn = env.agent is not None
+    agents = getattr(environment, "agents", ("tool_calling",))
     if multi_turn and env.agent is None:
-        return [Problem("env.agent", f"environment {env.name!r} is multi-turn; it needs an agent (tool_calling)")]
+        return [Problem("env.agent", f"environment {env.name!r} is multi-turn; it needs an agent ({' or '.join(agents)})")]
     if not multi_turn and env.agent is not None:
         return [Problem("env.agent", f"environment {env.name!r} is single-turn; set env.agent to null")]
-    agents = getattr(environment, "agents", ("tool_calling",))
     if env.agent is not None and env.agent not in agents:
         return [Problem("env.agent", f"environment {env.name!r} works with the agent {' or '.join(agents)}, "
                         f"not {env.agent}")]

@@ -387,3 +387,19 @@ def test_a_download_finds_its_local_copy_by_its_name_or_the_name_it_is_saved_as(
     with pytest.raises(OSWorldTaskError, match="download\\?id=1AbC&export=download has no local copy .* or as "
                                                "'photo.jpg'"):
         load_task(_task(tmp_path, config=[drive]), files)
+
+
+def test_the_controller_turns_records_into_xdotool_lists_and_commands_as_osworld_runs_them():
+    from dockyard.desktop.guest.desktop_guest import shell_argv, xdotool
+
+    assert xdotool({"kind": "type", "text": "ls -l\nexit\t"}) == [
+        ["type", "--delay", "12", "--", "ls -l"], ["key", "--", "Return"], ["type", "--delay", "12", "--", "exit"],
+        ["key", "--", "Tab"]]   # xdotool would type a newline as Linefeed, which GTK editors ignore
+    assert xdotool({"kind": "click", "x": 5, "y": 6, "clicks": 2, "button": "right"}) == [
+        ["mousemove", "--", "5", "6"], ["click", "--repeat", "2", "--delay", "80", "3"]]
+    assert xdotool({"kind": "hotkey", "keys": ["ctrl", "shift", "t"]}) == [["key", "--", "ctrl+shift+t"]]
+    assert xdotool({"kind": "scroll", "dy": -3, "dx": 2}) == [["click", "--repeat", "3", "5"],
+                                                              ["click", "--repeat", "2", "7"]]
+    assert shell_argv("echo hi | wc -c", False) == ["/bin/sh", "-c", "echo hi | wc -c"]
+    assert shell_argv(["ls", "-l", "/home/user"], False) == ["ls", "-l", "/home/user"]
+    assert shell_argv(["echo $0", "arg"], True) == ["/bin/sh", "-c", "echo $0", "arg"]

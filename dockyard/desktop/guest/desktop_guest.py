@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -189,7 +190,7 @@ class Desktop:
     def run(self, command, shell: bool, timeout_s: float, max_bytes: int) -> dict:
         """A command as OSWorld's in-guest server runs it (stdout and stderr apart), with a clean
         environment: no profile or rc file the agent could have written is read."""
-        argv = ["/bin/sh", "-c", command] if shell or isinstance(command, str) else list(command)
+        argv = shell_argv(command, shell)
         try:
             result = subprocess.run(argv, env=self.env, stdin=subprocess.DEVNULL, capture_output=True,
                                     timeout=timeout_s, cwd=self.env["HOME"])
@@ -202,7 +203,7 @@ class Desktop:
                 "error": result.stderr[:max_bytes].decode(errors="replace")}
 
     def launch(self, command, shell: bool = False) -> dict:
-        argv = ["/bin/sh", "-c", command] if shell or isinstance(command, str) else list(command)
+        argv = shell_argv(command, shell)
         if shutil.which(argv[0], path=SYSTEM_PATH) is None and not os.path.isabs(argv[0]):
             raise RuntimeError(f"launch: {argv[0]} is not installed in the desktop")
         before = self._window_ids()
@@ -250,7 +251,7 @@ class Desktop:
         except OSError as err:
             return {"missing": True, "error": err.strerror}
         with os.fdopen(fd, "rb") as handle:
-            if not os.path.isfile(path):
+            if not stat.S_ISREG(os.fstat(fd).st_mode):   # what was opened, not what the path names now
                 return {"missing": True, "error": "not a regular file"}
             data = handle.read(max_bytes + 1)
         if len(data) > max_bytes:
@@ -277,6 +278,14 @@ class Desktop:
                 os.killpg(child.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+def shell_argv(command, shell: bool) -> list[str]:
+    """A command as OSWorld's in-guest server runs it (Python's subprocess: a string goes to the shell; a
+    list with shell true is the shell's script and its arguments)."""
+    if isinstance(command, str):
+        return ["/bin/sh", "-c", command]
+    return ["/bin/sh", "-c", *map(str, command)] if shell else [str(part) for part in command]
 
 
 BUTTONS = {"left": "1", "middle": "2", "right": "3"}
