@@ -38,7 +38,7 @@ class ComputerUseAgent:
 
     def __init__(self, tokenizer, tools=None, system_prompt: str | None = None, chat_template: str | None = None,
                  template_kwargs: dict | None = None, tool_format: str = "auto", action_space: str = "pyautogui",
-                 screen: tuple[int, int] = (1280, 720), observation_type: str = "a11y_tree"):
+                 screen: tuple[int, int] = (1920, 1080), observation_type: str = "a11y_tree"):
         if observation_type != "a11y_tree":
             raise ValueError(f"env.observation_type: the computer_use agent reads a11y_tree observations here, "
                              f"not {observation_type}")

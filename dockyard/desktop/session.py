@@ -19,6 +19,7 @@ import base64
 import json
 import queue
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -27,9 +28,8 @@ from dockyard.sandboxes.base import Sandbox, SandboxError, kill_tree
 
 GUEST = Path(__file__).parent / "guest"
 GUEST_INSIDE = "/dockyard-desktop"
+RUNTIME_INSIDE = "/run/user/1000"
 PYTHON = "/usr/bin/python3"   # the system's: the desktop's Debian packages (PIL, pyatspi) are its modules
-DESKTOP_PACKAGES = ("xvfb", "openbox", "xdotool", "wmctrl", "x11-utils", "dbus-x11", "at-spi2-core",
-                    "python3-pyatspi", "python3-pil")
 
 
 class DesktopError(SandboxError):
@@ -40,7 +40,7 @@ def missing_programs() -> list[str]:
     """The desktop's programs that this machine's /usr lacks (the host view the sandboxes run on)."""
     import shutil
     wanted = {"Xvfb": "xvfb", "openbox": "openbox", "xdotool": "xdotool", "wmctrl": "wmctrl",
-              "xdpyinfo": "x11-utils", "dbus-launch": "dbus-x11"}
+              "xdpyinfo": "x11-utils", "dbus-daemon": "dbus-daemon"}
     missing = [package for program, package in wanted.items() if shutil.which(program) is None]
     if not Path("/usr/libexec/at-spi-bus-launcher").exists():
         missing.append("at-spi2-core")
@@ -65,6 +65,11 @@ class DesktopSession:
     def start(self) -> "DesktopSession":
         started = time.monotonic()
         self.sandbox.copy_in(GUEST, GUEST_INSIDE, read_only=True)
+        try:   # OSWorld's runtime folder, where its tasks find the session bus; a sandbox that cannot make it
+            with tempfile.TemporaryDirectory() as empty:   # gets the bus in its /tmp instead
+                self.sandbox.copy_in(Path(empty), RUNTIME_INSIDE)
+        except SandboxError:
+            pass
         self.process = self.sandbox._spawn([PYTHON, "-I", f"{GUEST_INSIDE}/desktop_guest.py"],
                                            self.sandbox.environment(), None, subprocess.PIPE)
         threading.Thread(target=self._read, daemon=True).start()

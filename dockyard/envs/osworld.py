@@ -15,7 +15,7 @@ Extra env keys (checked before anything starts):
   action_space          pyautogui (default) | computer_13 (desktop/actions.py)
   observation_type      a11y_tree (default). screenshot and screenshot_a11y_tree are refused by name
                         until the trainer takes image inputs.
-  screen                {width, height}: the desktop's size (1280x720)
+  screen                {width, height}: the desktop's size (1920x1080, OSWorld's)
   max_observation_chars how much of the linearised tree the model sees per turn (6000)
   sleep_after_action_s  how long the desktop gets to react to an action before it is observed (0.5)
   a11y_max_nodes        nodes read from the accessibility tree per observation (3000)
@@ -55,8 +55,8 @@ DESKTOP_SANDBOXES = ("bubblewrap", "podman", "apptainer", "enroot")
 class OSWorldSettings:
     action_space: str = "pyautogui"
     observation_type: str = "a11y_tree"
-    width: int = 1280
-    height: int = 720
+    width: int = 1920   # OSWorld's screen: its tasks' set-up scripts click at 1920x1080 coordinates
+    height: int = 1080
     max_observation_chars: int = 6000
     sleep_after_action_s: float = 0.5
     a11y_max_nodes: int = 3000
@@ -96,7 +96,7 @@ class OSWorldEnvironment:
         if observation != "a11y_tree":
             raise ValueError(f"env.observation_type: {observation} sends screenshots to the model, and the trainer "
                              "does not take image inputs yet (issue 40, training on images); use a11y_tree")
-        screen = extra.get("screen", {"width": 1280, "height": 720})
+        screen = extra.get("screen", {"width": 1920, "height": 1080})
         if not isinstance(screen, dict) or set(screen) != {"width", "height"}:
             raise ValueError(f"env.screen: must be {{width, height}}, got {screen!r}")
         width, height = _positive(screen["width"], "screen.width"), _positive(screen["height"], "screen.height")

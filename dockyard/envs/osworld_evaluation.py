@@ -99,6 +99,8 @@ def _getter(desktop: DesktopSession, getter: dict | None, task: OSWorldTask, fol
         return desktop.a11y_tree()["xml"]
     if kind == "vm_terminal_output":
         return terminal_text(desktop.a11y_tree()["xml"])
+    if kind == "list_directory":
+        return desktop.request("list_directory", path=getter["path"])["tree"]
     if kind == "vm_screen_size":
         return {"width": screen[0], "height": screen[1]}
     raise EvaluationError(f"getter {kind!r} is not supported")   # load_task refuses it first

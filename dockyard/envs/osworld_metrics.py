@@ -199,6 +199,14 @@ def check_direct_json_object(result, rules, **_) -> float:
     return 1.0
 
 
+def check_moved_jpgs(result, rules, **_) -> float:
+    """The folder (a list_directory tree) holds exactly the expected files, by name."""
+    if not isinstance(result, dict):
+        return 0.0
+    names = [child["name"] for child in result.get("children", [])]
+    return float(len(names) == len(rules["expected"]) and set(names) == set(rules["expected"]))
+
+
 A11Y_NAMESPACES = {
     "st": "https://accessibility.ubuntu.example.org/ns/state",
     "attr": "https://accessibility.ubuntu.example.org/ns/attributes",
@@ -243,4 +251,4 @@ def check_accessibility_tree(result, rules, osname: str = "ubuntu", **_) -> floa
 METRICS = {name: globals()[name] for name in (
     "check_include_exclude", "exact_match", "match_in_list", "is_in_list", "literal_match", "fuzzy_match",
     "diff_text_file", "compare_text_file", "check_csv", "check_list", "check_json", "check_direct_json_object",
-    "check_accessibility_tree")}
+    "check_accessibility_tree", "check_moved_jpgs")}

@@ -52,7 +52,7 @@ GETTERS = {   # type -> (required keys, optional keys); `type` itself is not lis
 }
 METRICS = ("check_include_exclude", "exact_match", "match_in_list", "is_in_list", "literal_match", "fuzzy_match",
            "diff_text_file", "compare_text_file", "check_csv", "check_list", "check_json",
-           "check_direct_json_object", "check_accessibility_tree", "infeasible")
+           "check_direct_json_object", "check_accessibility_tree", "check_moved_jpgs", "infeasible")
 NO_EXPECTED = {"infeasible"}   # the one metric without an expected value
 IGNORED_KEYS = {"snapshot", "source", "related_apps", "trajectory", "proxy", "fixed_ip", "possibility_of_env_change",
                 "os_type", "instruction_zh", "domain", "id", "instruction", "config", "evaluator", "_comment"}

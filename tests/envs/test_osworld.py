@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -403,3 +404,47 @@ def test_the_controller_turns_records_into_xdotool_lists_and_commands_as_osworld
     assert shell_argv("echo hi | wc -c", False) == ["/bin/sh", "-c", "echo hi | wc -c"]
     assert shell_argv(["ls", "-l", "/home/user"], False) == ["ls", "-l", "/home/user"]
     assert shell_argv(["echo $0", "arg"], True) == ["/bin/sh", "-c", "echo $0", "arg"]
+
+
+@needs_desktop
+def test_what_published_os_tasks_lean_on_works(environment, tmp_path):
+    """What OSWorld's own os tasks do, written the same way here: a script downloaded from a Drive URL to a
+    path relative to the home folder and run; ctrl+alt+t pressed by a `python -c` pyautogui step and the
+    terminal activated by its title; gsettings under DBUS_SESSION_BUS_ADDRESS=unix:path=/run/user/1000/bus;
+    the result read as a list_directory tree and scored by check_moved_jpgs."""
+    from dockyard.envs.osworld import OSWorldEpisode
+
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "setup.sh").write_text("mkdir -p photos/a photos/b cpjpg\ntouch photos/a/x.jpg photos/b/y.jpg photos/b/z.png\n")
+    bus = "export DBUS_SESSION_BUS_ADDRESS='unix:path=/run/user/1000/bus'\n"
+    task = {"id": "published-shape", "instruction": "Copy every .jpg under ~/photos into ~/cpjpg.", "config": [
+        {"type": "download", "parameters": {"files": [
+            {"url": "https://drive.usercontent.google.com/download?id=1X&export=download", "path": "setup.sh"}]}},
+        {"type": "execute", "parameters": {"command": "chmod +x setup.sh && ./setup.sh", "shell": True}},
+        {"type": "execute", "parameters": {"command": bus + "gsettings set org.gnome.desktop.interface clock-format 12h",
+                                           "shell": True}},
+        {"type": "execute", "parameters": {"command": [
+            "python", "-c", "import pyautogui; import time; pyautogui.click(960, 540); time.sleep(0.5); "
+                            "pyautogui.hotkey('ctrl', 'alt', 't'); time.sleep(2)"]}},
+        {"type": "activate_window", "parameters": {"window_name": "Terminal"}}],
+        "evaluator": {"func": ["check_moved_jpgs", "exact_match"],
+                      "result": [{"type": "list_directory", "path": "/home/user/cpjpg"},
+                                 {"type": "vm_command_line", "command": bus + "gsettings get org.gnome.desktop.interface "
+                                                                              "clock-format", "shell": True}],
+                      "expected": [{"type": "rule", "rules": {"expected": ["x.jpg", "y.jpg"]}},
+                                   {"type": "rule", "rules": {"expected": "'12h'\n"}}]}}
+    (tmp_path / "task.json").write_text(json.dumps(task))
+    for command, reward in (("", 0.0), ("find ~/photos -name '*.jpg' -exec cp {} ~/cpjpg/ \\;", 1.0)):
+        episode = OSWorldEpisode(environment, load_task(tmp_path / "task.json", files))
+        try:
+            deadline = time.monotonic() + 20   # a loaded machine (the suite runs two at once) starts it late
+            while "gnome-terminal-server" not in episode.desktop.request("windows")["windows"].lower():
+                assert time.monotonic() < deadline, "ctrl+alt+t opened no terminal"
+                time.sleep(0.2)
+            episode.desktop.request("window", name="Terminal", strict=False, by_class=False, close=False)
+            if command:
+                _typed(episode, command)   # into the terminal that ctrl+alt+t opened
+            assert episode.finish() == reward, episode.events
+        finally:
+            episode.close()

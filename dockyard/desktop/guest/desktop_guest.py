@@ -28,6 +28,7 @@ import time
 import xml.etree.ElementTree as ET
 
 DISPLAY = ":0"
+RUNTIME = "/run/user/1000"   # OSWorld's VM user's runtime folder (the host side makes it where it can)
 LOG = "/tmp/dockyard-desktop.log"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NS = {   # OSWorld's namespaces for the Ubuntu accessibility tree (its check_accessibility_tree reads these)
@@ -61,7 +62,7 @@ class Desktop:
         deadline = began + timeout_s
         for folder in ("Desktop", "Documents", "Downloads", ".config"):
             os.makedirs(os.path.join(home, folder), exist_ok=True)
-        runtime = "/tmp/runtime-desktop"
+        runtime = RUNTIME if os.access(RUNTIME, os.W_OK) else "/tmp/runtime-desktop"
         os.makedirs(runtime, mode=0o700, exist_ok=True)
         self.env = {"PATH": SYSTEM_PATH, "HOME": home, "USER": "user", "LOGNAME": "user", "LANG": "C.UTF-8",
                     "DISPLAY": DISPLAY, "XDG_RUNTIME_DIR": runtime, "XDG_SESSION_TYPE": "x11",
@@ -71,20 +72,18 @@ class Desktop:
         # -noreset: without it one of four desktops started at once failed (the server reset as a client left)
         self._spawn(["Xvfb", DISPLAY, "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp", "-noreset"])
         self._wait(lambda: self._quiet(["xdpyinfo"]) == 0, deadline, "the X server (Xvfb) to accept clients")
-        bus = subprocess.run(["dbus-launch", "--sh-syntax"], env=self.env, capture_output=True, text=True,
-                             timeout=max(deadline - time.monotonic(), 1))
-        for line in bus.stdout.splitlines():
-            if line.startswith("DBUS_SESSION_BUS_ADDRESS=") or line.startswith("DBUS_SESSION_BUS_PID="):
-                key, value = line.rstrip(";").split("=", 1)
-                self.env[key] = value.strip("'")
-        if "DBUS_SESSION_BUS_ADDRESS" not in self.env:
-            raise RuntimeError(f"dbus-launch gave no session bus: {bus.stderr.strip()[-300:]}")
+        # the session bus where OSWorld's tasks look for it (they export
+        # DBUS_SESSION_BUS_ADDRESS=unix:path=/run/user/1000/bus before gsettings)
+        socket = os.path.join(runtime, "bus")
+        self.env["DBUS_SESSION_BUS_ADDRESS"] = f"unix:path={socket}"
+        self._spawn(["dbus-daemon", "--session", "--nofork", "--nopidfile", f"--address=unix:path={socket}"])
+        self._wait(lambda: os.path.exists(socket), deadline, "the session bus (dbus-daemon)")
         self._spawn(["/usr/libexec/at-spi-bus-launcher", "--launch-immediately"])
         # openbox claims the screen before it manages windows: a window mapped in between was never shown
         # (its application then waited forever, 1 start in 2 with two desktops starting at once), so the
         # desktop is up only once openbox runs its --startup command, when its start-up is done
         ready = "/tmp/dockyard-openbox-ready"
-        self._spawn(["openbox", "--sm-disable", "--startup", f"touch {ready}"])
+        self._spawn(["openbox", "--sm-disable", "--config-file", openbox_config(), "--startup", f"touch {ready}"])
         self._wait(lambda: os.path.exists(ready), deadline, "the window manager (openbox) to finish starting")
         self.started = True
         return {"seconds": round(time.monotonic() - began, 3)}
@@ -268,6 +267,25 @@ class Desktop:
             handle.write(base64.b64decode(data))
         return {}
 
+    def list_directory(self, path: str, max_nodes: int = 10000) -> dict:
+        """OSWorld's directory tree: {"type": "directory", "name", "children": [...]}, files as
+        {"type": "file", "name"}; links are not followed; None where the folder is not there."""
+        count = [0]
+
+        def walk(folder: str) -> dict:
+            node = {"type": "directory", "name": os.path.basename(folder.rstrip("/")) or "/", "children": []}
+            for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+                count[0] += 1
+                if count[0] > max_nodes:
+                    raise RuntimeError(f"list_directory: more than {max_nodes} entries under {path}")
+                if entry.is_dir(follow_symlinks=False):
+                    node["children"].append(walk(entry.path))
+                else:
+                    node["children"].append({"type": "file", "name": entry.name})
+            return node
+
+        return {"tree": walk(path) if os.path.isdir(path) else None}
+
     def windows(self) -> dict:
         result = subprocess.run(["wmctrl", "-l", "-x"], env=self.env, capture_output=True, text=True, timeout=10)
         return {"windows": result.stdout}
@@ -278,6 +296,17 @@ class Desktop:
                 os.killpg(child.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+def openbox_config() -> str:
+    """Openbox's own configuration with Ubuntu's ctrl+alt+t (a terminal), which OSWorld's tasks press."""
+    with open("/etc/xdg/openbox/rc.xml") as handle:
+        config = handle.read()
+    binding = ('<keybind key="C-A-t"><action name="Execute"><command>gnome-terminal</command></action></keybind>')
+    path = "/tmp/dockyard-openbox.xml"
+    with open(path, "w") as handle:
+        handle.write(config.replace("<keyboard>", "<keyboard>" + binding, 1))
+    return path
 
 
 def shell_argv(command, shell: bool) -> list[str]:
@@ -344,7 +373,7 @@ def serve(desktop: Desktop, requests, replies) -> None:
             handler = {"start": desktop.start, "screenshot": desktop.screenshot, "a11y_tree": desktop.a11y_tree,
                        "act": desktop.act, "run": desktop.run, "launch": desktop.launch, "open": desktop.open,
                        "window": desktop.window, "read_file": desktop.read_file, "write_file": desktop.write_file,
-                       "windows": desktop.windows}[op]
+                       "list_directory": desktop.list_directory, "windows": desktop.windows}[op]
             reply = {"ok": True, **handler(**args)}
         except Exception as err:   # every failure goes back as an answer naming it; the controller goes on
             reply = {"ok": False, "error": f"{type(err).__name__}: {err}"}

@@ -1,4 +1,4 @@
-pyautogui.click(526, 231)
+pyautogui.click(846, 411)
 pyautogui.press("f2")
 time.sleep(1)
 pyautogui.hotkey("ctrl", "a")
