@@ -1,4 +1,4 @@
 pyautogui.hotkey("ctrl", "a")
 pyautogui.typewrite("The color of the sky.\nPick a color.\n")
 pyautogui.hotkey("ctrl", "s")
-time.sleep(1)
+time.sleep(2)

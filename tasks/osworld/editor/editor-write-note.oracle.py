@@ -1,3 +1,3 @@
 pyautogui.typewrite("Meeting moved to 10:30")
 pyautogui.hotkey("ctrl", "s")
-time.sleep(1)
+time.sleep(2)

@@ -1,2 +1,2 @@
 pyautogui.typewrite("gsettings set org.gnome.desktop.interface color-scheme prefer-dark\n")
-time.sleep(1)
+time.sleep(2)

@@ -1,2 +1,2 @@
 pyautogui.typewrite("echo bob,25 >> ~/Desktop/people.csv\n")
-time.sleep(1)
+time.sleep(2)

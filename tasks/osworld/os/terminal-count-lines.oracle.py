@@ -1,2 +1,2 @@
 pyautogui.typewrite("wc -l < ~/Documents/numbers.txt > ~/Desktop/count.txt\n")
-time.sleep(1)
+time.sleep(2)

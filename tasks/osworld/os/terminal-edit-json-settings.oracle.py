@@ -1,2 +1,2 @@
 pyautogui.typewrite("""sed -i -e 's/"light"/"dark"/' -e 's/: 12/: 14/' ~/.config/notes-app/settings.json\n""")
-time.sleep(1)
+time.sleep(2)

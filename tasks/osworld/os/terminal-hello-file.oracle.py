@@ -1,3 +1,3 @@
 import pyautogui
 pyautogui.typewrite("printf 'Hello, OSWorld\\n' > ~/Desktop/hello.txt\n")
-time.sleep(1)
+time.sleep(2)

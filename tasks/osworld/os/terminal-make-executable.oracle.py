@@ -1,2 +1,2 @@
 pyautogui.typewrite("chmod u+x ~/Desktop/run.sh\n")
-time.sleep(1)
+time.sleep(2)

@@ -1,3 +1,3 @@
 pyautogui.typewrite("mkdir -p ~/projects/alpha ~/projects/beta")
 pyautogui.press("enter")
-time.sleep(1)
+time.sleep(2)

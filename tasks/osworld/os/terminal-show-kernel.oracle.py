@@ -1,2 +1,2 @@
 pyautogui.typewrite("uname -s\n")
-time.sleep(1)
+time.sleep(2)
