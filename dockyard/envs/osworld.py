@@ -25,7 +25,6 @@ Extra env keys (checked before anything starts):
 from __future__ import annotations
 
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -167,7 +166,7 @@ class OSWorldEnvironment:
         return OSWorldEpisode(self, self.task_for(prompt))
 
     @classmethod
-    def reference_trials(cls, cfg, source: Path, agent: str, out=sys.stderr) -> tuple[list[TrialResult], list[str]]:
+    def reference_trials(cls, cfg, source: Path, agent: str) -> tuple[list[TrialResult], list[str]]:
         """`dockyard env check`: every task on a desktop with its scripted oracle (`<id>.oracle.py`) or the
         no-op agent; a task that cannot be read is reported and the others still run."""
         env = cls(cfg.env)
