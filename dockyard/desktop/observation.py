@@ -1,13 +1,10 @@
 """What the model sees of the desktop: the accessibility tree as OSWorld's agents read it, one line per
 visible element (`tag`, `name`, `text`, position, size, tab-separated), the way OSWorld linearises its
-tree for `a11y_tree` observations; and the screenshot, checked against the image caps."""
+tree for `a11y_tree` observations."""
 
 from __future__ import annotations
 
 import re
-import struct
-
-from dockyard.errors import DockyardError
 
 ST = "{https://accessibility.ubuntu.example.org/ns/state}"
 CP = "{https://accessibility.ubuntu.example.org/ns/component}"
@@ -20,10 +17,6 @@ KEPT_TAGS = {   # roles a person acts on or reads; containers (filler, panel) on
     "canvas", "table-column-header", "table-row-header", "editbar", "section", "notification",
 }
 _PAIR = re.compile(r"\((-?\d+), (-?\d+)\)")
-
-
-class ObservationError(DockyardError, ValueError):
-    """An observation the model cannot be given (a screenshot over the image caps); the message names it."""
 
 
 def linearize(xml: str, width: int, height: int, max_chars: int) -> str:
@@ -64,18 +57,3 @@ def terminal_text(xml: str) -> str | None:
 
     texts = [element.text or "" for element in ET.fromstring(xml).iter("terminal")]
     return "\n".join(texts) if texts else None
-
-
-def png_size(data: bytes) -> tuple[int, int]:
-    if data[:8] != b"\x89PNG\r\n\x1a\n" or data[12:16] != b"IHDR":
-        raise ObservationError("the screenshot is not a PNG")
-    return struct.unpack(">II", data[16:24])
-
-
-def check_screenshot(data: bytes, max_pixels: int | None) -> tuple[int, int]:
-    """A screenshot's size, refused when it is over policy.generation.max_image_pixels."""
-    width, height = png_size(data)
-    if max_pixels is not None and width * height > max_pixels:
-        raise ObservationError(f"a {width}x{height} screenshot is {width * height} pixels, over "
-                               f"policy.generation.max_image_pixels ({max_pixels}); make env.screen smaller")
-    return width, height
