@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -186,14 +187,21 @@ def test_the_broker_killed_mid_run_pauses_the_run_which_goes_on_when_it_is_back(
     plane = ("data_plane.start=false", f"data_plane.address=127.0.0.1:{port}")
     trainer = _start(tmp_path, tiny_model, "run", "grpo.max_num_steps=6", *plane)
     worker = _start(tmp_path, tiny_model, "rollout-worker", *plane)
+    said: dict[str, list[str]] = {"trainer": [], "worker": []}
     try:
         _wait(lambda: len(_steps(tmp_path)) >= 2, "two steps", trainer=trainer)
+        for name, process in (("trainer", trainer), ("worker", worker)):   # read as they go: the outage is
+            threading.Thread(target=lambda p=process, lines=said[name]: lines.extend(p.stdout), daemon=True).start()
         broker.kill()
         broker.wait()
-        time.sleep(4)
+        # down until a side has met the outage: a fixed pause can fall inside one long step on a loaded machine
+        _wait(lambda: any("does not answer" in line for lines in said.values() for line in lines),
+              "the trainer or the worker to meet the broker's outage", timeout=240)
         broker = subprocess.Popen(server, stdout=subprocess.DEVNULL)
-        output = _finish(trainer)
-        worker_output = _finish(worker, 60)
+        trainer.wait(timeout=300)
+        worker.wait(timeout=60)
+        time.sleep(0.5)   # the readers take the last lines
+        output, worker_output = "".join(said["trainer"]), "".join(said["worker"])
     finally:
         _kill_left(trainer, worker)
         broker.kill()
