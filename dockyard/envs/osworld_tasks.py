@@ -118,13 +118,18 @@ def _check_keys(given: set[str], required: set[str], optional: set[str], what: s
                                f"{', '.join(sorted(required | optional))})")
 
 
+def _kind(part, what: str, known: dict, where: str) -> str:
+    """A step's or getter's `type`, one this version implements (OSWorldTaskError naming it otherwise)."""
+    if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+        raise OSWorldTaskError(f"{where}: a {what} must be an object with a `type`")
+    if part["type"] not in known:
+        raise OSWorldTaskError(f"{where}: {what} type {part['type']!r} is not supported (supported: "
+                               f"{', '.join(sorted(known))})")
+    return part["type"]
+
+
 def _check_step(step, where: str) -> None:
-    if not isinstance(step, dict) or not isinstance(step.get("type"), str):
-        raise OSWorldTaskError(f"{where}: a set-up step must be an object with a `type`")
-    kind = step["type"]
-    if kind not in SETUP_STEPS:
-        raise OSWorldTaskError(f"{where}: set-up step type {kind!r} is not supported (supported: "
-                               f"{', '.join(sorted(SETUP_STEPS))})")
+    kind = _kind(step, "set-up step", SETUP_STEPS, where)
     params = step.get("parameters", {})
     if not isinstance(params, dict):
         raise OSWorldTaskError(f"{where}: {kind}.parameters must be an object")
@@ -146,12 +151,7 @@ def _check_step(step, where: str) -> None:
 def _check_getter(getter, where: str) -> None:
     if getter is None:
         return
-    if not isinstance(getter, dict) or not isinstance(getter.get("type"), str):
-        raise OSWorldTaskError(f"{where}: a getter must be an object with a `type`")
-    kind = getter["type"]
-    if kind not in GETTERS:
-        raise OSWorldTaskError(f"{where}: getter type {kind!r} is not supported (supported: "
-                               f"{', '.join(sorted(GETTERS))})")
+    kind = _kind(getter, "getter", GETTERS, where)
     _check_keys(set(getter) - {"type"}, *GETTERS[kind], f"{where}: getter {kind}", "")
 
 
