@@ -76,11 +76,15 @@ def _quiet_transformers() -> None:
 
 
 def load_causal_lm(path: str | Path, dtype: torch.dtype = torch.float32):
-    from transformers import AutoModelForCausalLM
+    """The folder's language model; a vision-language model (a vision_config in its config) loads with
+    its vision tower, as image-text-to-text."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from dockyard.vision import is_vision_model
 
     _quiet_transformers()
-    return _load("model", lambda folder: AutoModelForCausalLM.from_pretrained(folder, dtype=dtype),
-                 readable_model_folder(path))
+    auto = AutoModelForImageTextToText if is_vision_model(path) else AutoModelForCausalLM
+    return _load("model", lambda folder: auto.from_pretrained(folder, dtype=dtype), readable_model_folder(path))
 
 
 def load_tokenizer(path: str | Path):

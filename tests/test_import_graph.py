@@ -97,7 +97,7 @@ LAYERS = [
     {"errors"},
     {"registry", "waiting", "processes", "machine", "distributed"},
     {"config", "components"},
-    {"model_files", "models", "data", "sandboxes", "desktop", "algorithms"},
+    {"model_files", "models", "vision", "data", "sandboxes", "desktop", "algorithms"},
     {"agents", "policy", "generation", "envs", "io"},
     {"preflight"},
     {"loop", "plane"},

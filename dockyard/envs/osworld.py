@@ -5,7 +5,7 @@ JSON file (osworld_tasks.py), relative to the dataset file; `dockyard env index 
 
 An episode: a sandbox whose working directory is OSWorld's home, /home/user; a desktop in it
 (desktop/session.py: Xvfb, openbox, the session and accessibility buses, the task's applications); the
-task's `config` steps; then turns of observation (the accessibility tree, linearised) and the agent's
+task's `config` steps; then turns of observation (the accessibility tree, linearised, and / or a screenshot) and the agent's
 actions, each followed by `sleep_after_action_s`; at the end the task's evaluator on the live desktop
 (osworld_evaluation.py), and the sandbox is destroyed. A desktop that does not come up, dies, or stops
 answering fails the attempt (retried as other environments' failures are); a verifier error (a getter
@@ -13,8 +13,9 @@ or metric that breaks) scores 0 and is reported.
 
 Extra env keys (checked before anything starts):
   action_space          pyautogui (default) | computer_13 (desktop/actions.py)
-  observation_type      a11y_tree (default). screenshot and screenshot_a11y_tree are refused by name
-                        until the trainer takes image inputs.
+  observation_type      a11y_tree (default), screenshot or screenshot_a11y_tree. A screenshot reaches the
+                        model through the multimodal gate as an image placeholder: it needs a vision-language
+                        policy and policy.generation.allow_multimodal_inputs (checked at submit).
   screen                {width, height}: the desktop's size (1920x1080, OSWorld's)
   max_observation_chars how much of the linearised tree the model sees per turn (6000)
   sleep_after_action_s  how long the desktop gets to react to an action before it is observed (0.5)
@@ -36,7 +37,7 @@ from dockyard.agents.tool_format import Action
 from dockyard.config.schema.env import EnvConfig, SandboxConfig
 from dockyard.data.datasets import Prompt, row_path
 from dockyard.desktop.actions import ActionError, Screen, parse_pyautogui
-from dockyard.desktop.observation import linearize
+from dockyard.desktop.observation import DesktopObservation, linearize
 from dockyard.desktop.session import DesktopError, DesktopSession, missing_programs
 from dockyard.envs.osworld_evaluation import EvaluationError, evaluate, run_steps
 from dockyard.envs.osworld_tasks import OSWorldTask, OSWorldTaskError, launched_programs, load_task, load_tasks
@@ -92,9 +93,6 @@ class OSWorldEnvironment:
         observation = extra.get("observation_type", "a11y_tree")
         if observation not in OBSERVATION_TYPES:
             raise ValueError(f"env.observation_type: {observation!r} is not one of {', '.join(OBSERVATION_TYPES)}")
-        if observation != "a11y_tree":
-            raise ValueError(f"env.observation_type: {observation} sends screenshots to the model, and the trainer "
-                             "does not take image inputs yet (issue 40, training on images); use a11y_tree")
         screen = extra.get("screen", {"width": 1920, "height": 1080})
         if not isinstance(screen, dict) or set(screen) != {"width", "height"}:
             raise ValueError(f"env.screen: must be {{width, height}}, got {screen!r}")
@@ -239,11 +237,19 @@ class OSWorldEpisode:
     def out_of_time(self) -> bool:
         return time.monotonic() >= self.deadline
 
-    def observe(self) -> str:
-        tree = self.desktop.a11y_tree(max_nodes=self.settings.a11y_max_nodes)
-        return linearize(tree["xml"], self.settings.width, self.settings.height, self.settings.max_observation_chars)
+    def observe(self) -> str | DesktopObservation:
+        """The observation type's view of the desktop: the linearised tree (a11y_tree, as text), or a
+        DesktopObservation with the screenshot (and the tree, for screenshot_a11y_tree)."""
+        kind = self.settings.observation_type
+        tree = None
+        if kind != "screenshot":
+            xml = self.desktop.a11y_tree(max_nodes=self.settings.a11y_max_nodes)["xml"]
+            tree = linearize(xml, self.settings.width, self.settings.height, self.settings.max_observation_chars)
+            if kind == "a11y_tree":
+                return tree
+        return DesktopObservation(tree=tree, screenshot=self.desktop.screenshot())
 
-    def execute(self, action: Action) -> str:
+    def execute(self, action: Action) -> str | DesktopObservation:
         """Run the reply's checked actions on the desktop; the next observation."""
         actions = action.arguments.get("actions", [])
         try:
@@ -258,7 +264,10 @@ class OSWorldEpisode:
                 raise   # the desktop is gone: this attempt fails
             # an action the desktop could not carry out (xdotool refused it): the agent is told and goes on
             self.events.append({"actions": actions, "error": str(err)})
-            return f"The action failed: {err}\n\n{self.observe()}"
+            seen = self.observe()
+            if isinstance(seen, DesktopObservation):
+                return DesktopObservation(seen.tree, seen.screenshot, note=f"The action failed: {err}")
+            return f"The action failed: {err}\n\n{seen}"
 
     def submitted(self, action: Action) -> None:
         """The agent ended the episode: DONE, or FAIL (it says the task cannot be done)."""

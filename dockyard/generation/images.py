@@ -82,11 +82,16 @@ class ImageGate:
             raise ImageRejected(f"{where} could not be decoded: {err}") from None
 
 
-def as_data_url(image: Image.Image) -> str:
-    """A normalised image as the PNG data URL vLLM's media loader accepts."""
+def as_png(image: Image.Image) -> bytes:
+    """A normalised image as PNG: what a server is sent and what the trainer decodes (the same pixels)."""
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+    return buffer.getvalue()
+
+
+def as_data_url(image: Image.Image) -> str:
+    """A normalised image as the PNG data URL vLLM's media loader accepts."""
+    return "data:image/png;base64," + base64.b64encode(as_png(image)).decode("ascii")
 
 
 def _open(source: ImageSource, where: str) -> tuple[Image.Image, str]:

@@ -7,6 +7,12 @@ A turn, phase by phase:
     generate (every live episode's tokens so far) -> read replies as actions -> run the actions
     (in parallel, env.num_workers at a time) -> add each observation's tokens
 
+Screenshots (an environment whose observations carry images, OSWorld's screenshot types): each passes
+the multimodal gate when it is observed and is kept, as the PNG the servers are sent, beside the one
+image placeholder token the agent wrote for it; every generate call sends each episode's images, and the
+trained sample carries them (the trainer expands them as the server did: dockyard/vision.py). A reply
+that samples the placeholder token itself fails the attempt: no image stands behind it.
+
 An episode ends when the agent submits (or replies without an action), at grpo.max_rollout_turns,
 when the next turn would not fit policy.max_total_sequence_length, or when its time (the task's
 agent timeout, at most env.task_timeout_s) is up. Then the environment scores it. The trajectory
@@ -26,8 +32,9 @@ from pathlib import Path
 
 from dockyard import registry
 from dockyard.algorithms.group_filters import FAILED
-from dockyard.agents.transcript import Transcript
+from dockyard.agents.transcript import Transcript, TranscriptError
 from dockyard.data.datasets import DatasetError, Prompt
+from dockyard.generation.images import ImageGate, ImageRejected, as_png
 from dockyard.loop.rollouts import Group, RolloutCollector, Trajectory
 from dockyard.policy.samples import Sample
 
@@ -54,10 +61,18 @@ class AgentRolloutCollector(RolloutCollector):
         super().__init__(cfg, env, loaders, generate, prompt_ids=None, sampling=sampling, decode=decode, timer=timer)
         if not getattr(env, "multi_turn", False):
             raise ValueError(f"env.agent: environment {cfg.env.name!r} is single-turn; set env.agent to null")
+        settings = dict(getattr(env, "agent_settings", {}))
+        self.image_gate = ImageGate.from_generation(cfg.policy.generation)
+        self.image_token_id = None
+        if settings.get("observation_type", "a11y_tree") != "a11y_tree" and self.image_gate.allowed:
+            from dockyard.vision import image_token_of
+
+            settings["image_token"] = image_token_of(cfg.policy.model_name)
+            self.image_token_id = tokenizer.convert_tokens_to_ids(settings["image_token"])
         self.agent = registry.build("agent", cfg.env.agent, tokenizer=tokenizer, tools=env.tools,
                                     system_prompt=cfg.data.add_system_prompt, chat_template=chat_template,
                                     template_kwargs=template_kwargs, tool_format=getattr(env, "tool_format", "auto"),
-                                    **getattr(env, "agent_settings", {}))
+                                    **settings)
         self.max_turns = cfg.grpo.max_rollout_turns
         self.max_total = cfg.policy.max_total_sequence_length
         self.workers = cfg.env.num_workers
@@ -75,6 +90,11 @@ class AgentRolloutCollector(RolloutCollector):
         # an environment whose agent sees it before acting (a desktop) gives its first observation
         seen = getattr(episode.handle, "first_observation", None)
         episode.transcript = Transcript(self.agent.first_prompt(episode.prompt, *([seen] if seen is not None else [])))
+        if not episode.done:
+            try:
+                episode.transcript.images += self._images(seen, episode.transcript.prompt_ids)
+            except (ImageRejected, TranscriptError) as err:
+                episode.done, episode.error, episode.ended_by = True, f"{type(err).__name__}: {err}", "error"
         if len(episode.transcript.prompt_ids) >= self.max_total and not episode.done:
             if seen is not None:   # this attempt's observation was too long: another may fit
                 episode.done, episode.ended_by = True, "error"
@@ -124,7 +144,30 @@ class AgentRolloutCollector(RolloutCollector):
         if len(previous) + len(added) >= self.max_total:
             episode.done, episode.ended_by = True, "max_total_sequence_length"
             return
+        try:
+            images = self._images(observation, added)
+        except (ImageRejected, TranscriptError) as err:
+            episode.done, episode.error, episode.ended_by = True, f"{type(err).__name__}: {err}", "error"
+            return
         episode.transcript.extend(previous, added)
+        episode.transcript.images += images
+
+    def _images(self, observation, ids: list[int]) -> list[bytes]:
+        """The observation's screenshot through the gate, as the PNG the servers are sent; its tokens
+        must hold exactly one placeholder for it."""
+        screenshot = getattr(observation, "screenshot", None)
+        if self.image_token_id is None:
+            if screenshot is not None:
+                raise ImageRejected("the environment sent a screenshot but policy.generation.allow_multimodal_inputs "
+                                    "is false")
+            return []
+        images = [] if screenshot is None else [as_png(self.image_gate.normalise(screenshot, "the screenshot"))]
+        placed = ids.count(self.image_token_id)
+        if placed != len(images):
+            raise TranscriptError(f"an observation with {len(images)} screenshot(s) was tokenised with {placed} image "
+                                  "placeholder(s): the chat template must render a message's text as it is "
+                                  "(policy.generation.chat_template.path)")
+        return images
 
     def _finish(self, episode: Episode) -> None:
         try:
@@ -181,11 +224,18 @@ class AgentRolloutCollector(RolloutCollector):
                     for budget, batch in budgets.items():
                         params = replace(self.sampling([len(e.transcript.ids) for e in batch], 1, seed + 7_919 * turn,
                                                        temperature), max_tokens=budget)
-                        completions = self.generate([e.transcript.ids for e in batch], params)
+                        images = [e.transcript.images for e in batch]
+                        completions = self.generate([e.transcript.ids for e in batch], params,
+                                                    *([images] if any(images) else []))
                         for completion in completions:
                             episode = batch[completion.prompt_index]
                             episode.transcript.add_sampled(completion.token_ids, completion.logprobs,
                                                            completion.versions)
+                            if self.image_token_id is not None and self.image_token_id in completion.token_ids:
+                                episode.done, episode.ended_by = True, "error"
+                                episode.error = ("the reply sampled the image placeholder token, which no image "
+                                                 "stands behind; the attempt is dropped")
+                                continue
                             episode.finish_reason = completion.finish_reason
                             ended = bool(completion.token_ids) and completion.token_ids[-1:] == self.agent.bridge.end_ids[-1:]
                             replies.append((episode, self.decode(completion.token_ids), ended, completion.versions))
@@ -201,7 +251,8 @@ class AgentRolloutCollector(RolloutCollector):
         if transcript is None:
             transcript = Transcript([0])
         sample = Sample(token_ids=transcript.ids, prompt_length=len(transcript.prompt_ids),
-                        loss_mask=list(transcript.mask), rollout_logprobs=list(transcript.logprobs))
+                        loss_mask=list(transcript.mask), rollout_logprobs=list(transcript.logprobs),
+                        images=list(transcript.images) or None)
         trajectory = Trajectory(sample, episode.reward, finish_reason=episode.finish_reason,
                                 max_tokens=self.max_total - len(transcript.prompt_ids), attempts=attempt,
                                 action_valid=episode.invalid_actions == 0, versions=list(transcript.versions),
@@ -263,4 +314,5 @@ class AgentRolloutCollector(RolloutCollector):
                     "suspicious_files": getattr(episode.handle, "suspicious", []),
                     "verifier_error": getattr(episode.handle, "verifier_error", None),
                     "invalid_actions": episode.invalid_actions, "reward": episode.reward, "error": episode.error,
+                    "screenshots": len(episode.transcript.images) if episode.transcript else 0,
                     "seconds": round(time.monotonic() - episode.started, 3)}, default=str) + "\n")

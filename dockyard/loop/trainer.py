@@ -220,8 +220,8 @@ class Trainer:
         """Before validation: the engine serves the weights just trained."""
         self.refit()
 
-    def _generate(self, prompt_ids: list[list[int]], params):
-        completions = self.fleet.generate(prompt_ids, params)
+    def _generate(self, prompt_ids: list[list[int]], params, images=None):
+        completions = self.fleet.generate(prompt_ids, params, images)
         self.engine_seconds += float(self.fleet.last_usage.get("generation_seconds", 0.0))
         return completions
 

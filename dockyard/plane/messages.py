@@ -3,6 +3,8 @@ run code in the trainer): a prompt task for the workers, a finished group for th
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from dataclasses import asdict, fields
 
@@ -57,9 +59,16 @@ _TRAJECTORY_FIELDS = {f.name for f in fields(Trajectory)} - {"sample"}
 _SAMPLE_FIELDS = {f.name for f in fields(Sample)}
 
 
+def _sample_fields(sample: Sample) -> dict:
+    row = asdict(sample)
+    if row["images"] is not None:   # PNG bytes travel as base64 text
+        row["images"] = [base64.b64encode(image).decode("ascii") for image in row["images"]]
+    return row
+
+
 def encode_trajectories(group: Group) -> str:
     """The group's trajectories (its prompt stays behind: the trainer has the row)."""
-    return json.dumps([{**{k: v for k, v in asdict(t).items() if k != "sample"}, "sample": asdict(t.sample)}
+    return json.dumps([{**{k: v for k, v in asdict(t).items() if k != "sample"}, "sample": _sample_fields(t.sample)}
                        for t in group.trajectories])
 
 
@@ -73,7 +82,9 @@ def decode_group(text: str, prompt: Prompt, where: str) -> Group:
             unknown = (set(row) - _TRAJECTORY_FIELDS) | (set(sample) - _SAMPLE_FIELDS)
             if unknown:
                 raise ValueError(f"unknown fields {sorted(unknown)}")
+            if sample.get("images") is not None:
+                sample["images"] = [base64.b64decode(image, validate=True) for image in sample["images"]]
             trajectories.append(Trajectory(sample=Sample(**sample), **row))
-    except (ValueError, TypeError, KeyError, AttributeError) as err:
+    except (ValueError, TypeError, KeyError, AttributeError, binascii.Error) as err:
         raise BadMessage(f"{where}: not a group of trajectories ({err}); a worker of another dockyard version?") from None
     return Group(prompt, trajectories)

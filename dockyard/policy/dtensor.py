@@ -24,6 +24,7 @@ from dockyard.policy.samples import (PolicySetupError, Sample, TrainingInterrupt
 from dockyard.io.checkpoint import TorchModuleState, load_model_weights
 from dockyard.policy.base import Policy
 from dockyard.policy.training import micro_batch_loss
+from dockyard.vision import VisionInputError, VisionInputs, is_vision_model
 from dockyard.policy.lora import BaseModelReference, LoraSetupError, add_adapters, merged_weights
 from dockyard.policy.tensor_parallel import (TensorParallelError, VocabShard, apply_tensor_parallel, clip_gradients,
                                              quiet_tensor_parallel_warnings, sum_partial_gradients, token_logprobs,
@@ -36,6 +37,7 @@ def _row_length(samples: list[Sample], row: list[int]) -> int:
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     inner = getattr(model, "model", model)
+    inner = getattr(inner, "text_model", inner)   # a vision-language model's decoder
     layers = getattr(inner, "layers", None)
     if layers is None:
         raise ValueError(f"{type(model).__name__}: cannot find its decoder layers (model.model.layers) to shard")
@@ -75,6 +77,16 @@ class DTensorPolicy(Policy):
             raise PolicySetupError(f"policy.dynamic_batching.share_prompts needs sdpa or eager attention "
                                    f"(a 4-D mask); {model_path or policy.model_name} loads with {attention}")
         tp, cp = policy.dtensor_cfg.tensor_parallel_size, policy.dtensor_cfg.context_parallel_size
+        self.vision = None      # a vision-language model's processor: samples may carry images
+        if is_vision_model(model_path or policy.model_name):
+            if tp > 1 or cp > 1 or self.share_prompts:
+                raise PolicySetupError(f"{model_path or policy.model_name} is a vision-language model: "
+                                       "policy.dtensor_cfg.tensor_parallel_size / context_parallel_size > 1 and "
+                                       "policy.dynamic_batching.share_prompts are not built for image inputs")
+            try:
+                self.vision = VisionInputs(model_path or policy.model_name)
+            except VisionInputError as err:
+                raise PolicySetupError(str(err)) from None
         if world.model_parallel_size != tp * cp or world.world_size % (tp * cp):
             raise PolicySetupError(f"policy.dtensor_cfg: tensor_parallel_size {tp} x context_parallel_size {cp}, but "
                                    f"the trainer world has {world.world_size} ranks in model-parallel groups of "
@@ -153,6 +165,8 @@ class DTensorPolicy(Policy):
         Left padding lines up every sequence's end, so only the last R + 1 positions need logits
         (R = longest response): the LM head, a large share of a small model's compute, skips the
         prompts."""
+        if any(s.images for s in samples):
+            return self._forward_with_images(samples, with_entropy)
         if self.share_prompts and len(samples) > 1:
             return self._forward_shared_prompts(samples, with_entropy)
         width = max(len(s.token_ids) for s in samples)
@@ -169,6 +183,46 @@ class DTensorPolicy(Policy):
         logits = self.model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=False,
                             logits_to_keep=responses + 1).logits[:, :-1]
         return token_logprobs(logits, ids[:, -responses:], self.temperature, with_entropy, self.vocab)
+
+    def _forward_with_images(self, samples: list[Sample], with_entropy: bool):
+        """_forward_logprobs' rows for samples with images: each placeholder expanded into its image's
+        tokens and the pixel values beside them (vision.py), then the logprobs of the original response
+        tokens picked out of the expanded rows (a placeholder's own entry is its expansion's last token:
+        observations are never trained)."""
+        if self.vision is None:
+            raise PolicySetupError(f"a sample carries images but {self.config.policy.model_name} is not a "
+                                   "vision-language model (its config.json has no vision_config)")
+        expanded = [self.vision.expand(s.token_ids, s.prompt_length, s.images or []) for s in samples]
+        width = max(len(e.token_ids) for e in expanded)
+        responses = max(1, max(len(e.token_ids) - e.prompt_length for e in expanded))
+        ids = torch.zeros((len(samples), width), dtype=torch.long)
+        attention = torch.zeros((len(samples), width), dtype=torch.long)
+        for row, sample in enumerate(expanded):
+            ids[row, width - len(sample.token_ids):] = torch.tensor(sample.token_ids)
+            attention[row, width - len(sample.token_ids):] = 1
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        pixels = VisionInputs.batch([e.pixels for e in expanded])
+        extra = {}
+        if pixels is not None:
+            extra["pixel_values"] = pixels.pixel_values.to(self.device)
+            if pixels.pixel_attention_mask is not None:
+                extra["pixel_attention_mask"] = pixels.pixel_attention_mask.to(self.device)
+        logits = self.model(input_ids=ids.to(self.device), attention_mask=attention.to(self.device),
+                            position_ids=positions.to(self.device), use_cache=False, logits_to_keep=responses + 1,
+                            **extra).logits[:, :-1]
+        logprobs, entropy = token_logprobs(logits, ids[:, -responses:].to(self.device), self.temperature,
+                                           with_entropy, self.vocab)
+        # back to the original tokens, right-aligned as every other path returns them
+        kept = max(1, max(s.response_length for s in samples))
+        rows = torch.zeros((len(samples), kept), dtype=torch.long)
+        cols = torch.zeros((len(samples), kept), dtype=torch.long)
+        for row, (sample, grown) in enumerate(zip(samples, expanded)):
+            picked = [responses - (len(grown.token_ids) - grown.where[c])
+                      for c in range(sample.prompt_length, len(sample.token_ids))]
+            rows[row] = row
+            cols[row, kept - len(picked):] = torch.tensor(picked, dtype=torch.long)
+        rows, cols = rows.to(logprobs.device), cols.to(logprobs.device)
+        return logprobs[rows, cols], (entropy[rows, cols] if entropy is not None else None)
 
     def _forward_context_parallel(self, ids, attention, positions, responses: int, with_entropy: bool):
         """_forward_logprobs' rows, this rank running the model on its share of the positions only

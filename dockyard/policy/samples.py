@@ -24,6 +24,7 @@ class Sample:
     loss_mask: list[int] | None = None  # per response token; None = all 1
     rollout_logprobs: list[float] | None = None  # the engine's logprobs of the response tokens
     is_weights: list[float] | None = None  # importance-sampling weights per response token (no gradient)
+    images: list[bytes] | None = None  # PNG of each image placeholder token, in order (vision models)
 
     @property
     def response_length(self) -> int:

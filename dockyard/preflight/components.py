@@ -43,11 +43,7 @@ def unsupported(cfg: MasterConfig) -> list[Problem]:
     for path, requested in _features(cfg):
         if requested:
             problems.append(Problem(path, "not supported by the GRPO loop in this version; turn it off"))
-    if cfg.policy.generation.allow_multimodal_inputs:
-        # the generators take images (docs/generation.md#images); the trainer's side is missing
-        problems.append(Problem("policy.generation.allow_multimodal_inputs", "the GRPO loop does not train on "
-                                "image inputs yet: its datasets carry no images and the policy's logprobs "
-                                "would ignore them; turn it off"))
+    problems += _image_inputs(cfg)
     problems += _distillation(cfg) + _sft(cfg) + _unbuilt_settings(cfg) + _megatron(cfg) + _jax(cfg) + plane_client_problems(cfg)
     problems += _agent_setup(cfg) if not problems else []
     return problems
@@ -67,6 +63,42 @@ def plane_client_problems(cfg: MasterConfig) -> list[Problem]:
     return [Problem(f"data_plane.{name}", f"not a setting of the data plane nor a keyword of redis.Redis "
                     f"(e.g. {', '.join(sorted(known & {'password', 'username', 'db', 'ssl', 'socket_timeout'}))})")
             for name in (cfg.data_plane.model_extra or {}) if name not in known]
+
+
+def _image_inputs(cfg: MasterConfig) -> list[Problem]:
+    """Images reach the trainer only from an agent's screenshots (datasets carry none), and only the
+    dtensor backend feeds them to a vision-language model (dockyard/vision.py)."""
+    from pathlib import Path
+
+    from dockyard.vision import is_vision_model, vision_family_problem
+
+    setting = "policy.generation.allow_multimodal_inputs"
+    if not cfg.policy.generation.allow_multimodal_inputs:
+        return []
+    observation = (cfg.env.model_extra or {}).get("observation_type", "a11y_tree")
+    if cfg.env.agent is None or "screenshot" not in str(observation):
+        return [Problem(setting, "nothing in this run carries images (datasets do not; an agent's screenshot "
+                        "observations do: env.observation_type screenshot or screenshot_a11y_tree); turn it off")]
+    if cfg.policy.backend != "dtensor":
+        return [Problem(setting, f"the {cfg.policy.backend} backend does not feed images to its model; "
+                        "use policy.backend dtensor")]
+    problems = []
+    dtensor = cfg.policy.dtensor_cfg
+    for field, value in (("policy.dtensor_cfg.tensor_parallel_size", dtensor.tensor_parallel_size > 1),
+                         ("policy.dtensor_cfg.context_parallel_size", dtensor.context_parallel_size > 1),
+                         ("policy.dynamic_batching.share_prompts",
+                          cfg.policy.dynamic_batching.enabled and cfg.policy.dynamic_batching.share_prompts),
+                         ("policy.lora.enabled", cfg.policy.lora.enabled)):
+        if value:
+            problems.append(Problem(field, "not built for image inputs (a vision-language policy); turn it off"))
+    model = cfg.policy.model_name
+    if (Path(model).expanduser() / "config.json").is_file():   # a missing folder is the models check's
+        if not is_vision_model(model):
+            problems.append(Problem("policy.model_name", f"{model} is a text-only model (its config.json has no "
+                                    f"vision_config) but {setting} is on and the agent sees screenshots"))
+        elif vision_family_problem(model):
+            problems.append(Problem("policy.model_name", vision_family_problem(model)))
+    return problems
 
 
 def _jax(cfg: MasterConfig) -> list[Problem]:

@@ -176,7 +176,7 @@ def test_metrics_score_as_osworld_defines_them(tmp_path):
 # --- settings -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("extra, named", [
-    ({"observation_type": "screenshot"}, "env.observation_type: screenshot sends screenshots"),
+    ({"observation_type": "video"}, "env.observation_type: 'video' is not one of"),
     ({"action_space": "keyboard"}, "env.action_space: 'keyboard' is not one of"),
     ({"screen": {"width": 0, "height": 10}}, "env.screen.width: must be a positive"),
     ({"sleep_after_action_s": 100}, "env.sleep_after_action_s"),
@@ -448,3 +448,130 @@ def test_what_published_os_tasks_lean_on_works(environment, tmp_path):
             assert episode.finish() == reward, episode.events
         finally:
             episode.close()
+
+
+# --- screenshots: observed, written as one placeholder each, gated, kept beside the tokens ------------
+
+def _screenshot_environment(kind: str, width: int = 1280, height: int = 720) -> OSWorldEnvironment:
+    return OSWorldEnvironment(EnvConfig(name="osworld", agent="computer_use", observation_type=kind,
+                                        screen={"width": width, "height": height},
+                                        sandbox={"type": "bubblewrap", "creation_timeout_s": 60,
+                                                 "command_exec_timeout_s": 30}))
+
+
+@needs_desktop
+def test_screenshot_observations_show_the_desktop_and_the_agent_writes_one_placeholder_each():
+    import io
+
+    from PIL import Image
+
+    from dockyard.agents.computer_use import ComputerUseAgent
+    from dockyard.data.datasets import Prompt
+    from dockyard.desktop.observation import DesktopObservation
+    from dockyard.envs.osworld import OSWorldEpisode
+    from dockyard.models import load_tokenizer
+
+    task = load_task(TASKS / "os" / "terminal-hello-file.json")
+    episode = OSWorldEpisode(_screenshot_environment("screenshot_a11y_tree"), task)
+    try:
+        first = episode.first_observation
+        assert isinstance(first, DesktopObservation) and "terminal" in first.tree
+        assert Image.open(io.BytesIO(first.screenshot)).size == (1280, 720)
+        _typed(episode, "echo a long line of text that changes what the terminal shows")
+        after = episode.observe()
+        assert after.screenshot != first.screenshot          # the picture is of the live desktop
+        assert "[screenshot: PNG" in str(after) and after.tree in str(after)
+    finally:
+        episode.close()
+    only = OSWorldEpisode(_screenshot_environment("screenshot"), task)
+    try:
+        assert only.first_observation.tree is None and only.first_observation.screenshot
+    finally:
+        only.close()
+
+    tokenizer = load_tokenizer(REPO / "models" / "tiny-vlm") if (REPO / "models" / "tiny-vlm").is_dir() else None
+    if tokenizer is None:
+        pytest.skip("models/tiny-vlm is built by tools/install.sh")
+    agent = ComputerUseAgent(tokenizer, observation_type="screenshot_a11y_tree", image_token="<image>",
+                             screen=(1280, 720))
+    image_id = tokenizer.convert_tokens_to_ids("<image>")
+    assert agent.first_prompt(Prompt(task.instruction, None, {}, "osworld"), first).count(image_id) == 1
+    assert agent.observation_ids(after, True).count(image_id) == 1
+    assert agent.observation_ids(agent.invalid_observation(agent.act("no block")), True).count(image_id) == 0
+    with pytest.raises(ValueError, match="must be a vision-language model"):
+        ComputerUseAgent(tokenizer, observation_type="screenshot")
+
+
+class _Handle:
+    def __init__(self, screenshot: bytes):
+        from dockyard.desktop.observation import DesktopObservation
+
+        self.first_observation = DesktopObservation(screenshot=screenshot)
+        self.out_of_time, self.closed = False, False
+        self.execute = lambda action: self.first_observation
+
+    def finish(self):
+        return 1.0
+
+    def close(self):
+        self.closed = True
+
+
+class _Desktops:
+    """The environment's side of the collector's contract, with real screenshots: the collector is under test."""
+    multi_turn, tools, capacity = True, [], None
+
+    def __init__(self, screenshot: bytes):
+        self.screenshot = screenshot
+        self.agent_settings = {"action_space": "pyautogui", "screen": (1280, 720), "observation_type": "screenshot"}
+
+    def open(self, prompt):
+        return _Handle(self.screenshot)
+
+
+def test_the_collector_gates_screenshots_keeps_them_with_the_tokens_and_drops_a_sampled_placeholder(tmp_path):
+    import io
+
+    from PIL import Image
+
+    from dockyard.config.loader import load_config
+    from dockyard.data.datasets import Prompt
+    from dockyard.generation.engine import Completion
+    from dockyard.loop.prompt_codec import PromptCodec
+
+    if not (REPO / "models" / "tiny-vlm").is_dir():
+        pytest.skip("models/tiny-vlm is built by tools/install.sh")
+    buffer = io.BytesIO()
+    Image.new("RGBA", (1280, 720), (20, 40, 200, 128)).save(buffer, "PNG")   # alpha: the gate flattens it
+    screenshot = buffer.getvalue()
+
+    def collector(*overrides, replies):
+        cfg = load_config("grpo_osworld_screenshot_local.yaml", [f"models_dir={REPO / 'models'}",
+                                                                 "grpo.max_rollout_turns=2", *overrides]).config
+        calls = []
+
+        def generate(prompts, params, images=None):
+            calls.append(images)
+            return [Completion(i, replies(i), [-1.0] * len(replies(i)), "stop") for i in range(len(prompts))]
+
+        return PromptCodec(cfg, _Desktops(screenshot)).collector([], generate), calls
+
+    made, calls = collector(replies=lambda i: [5, 6, 7])
+    image_id = made.image_token_id
+    [episode] = made.run_episodes([Prompt("open a terminal", None, {}, "osworld")], 1, seed=0)
+    assert episode.error is None and len(calls) == 2          # two turns, each sent the episode's screenshots
+    assert [len(sent[0]) for sent in calls] == [1, 1]         # the invalid reply's observation has no picture
+    kept = episode.transcript.images
+    assert len(kept) == 1 and Image.open(io.BytesIO(kept[0])).mode == "RGB"
+    assert episode.transcript.ids.count(image_id) == 1
+    sample = made._trajectory(episode, 1).sample
+    assert sample.images == kept
+
+    over, _ = collector("policy.generation.max_image_pixels=10000", replies=lambda i: [5, 6, 7])
+    [refused] = over.run_episodes([Prompt("open a terminal", None, {}, "osworld")], 1, seed=0)
+    assert "policy.generation.max_image_pixels (10000)" in refused.error and refused.handle.closed
+
+    sampled, _ = collector(replies=lambda i: [5, image_id, 7])
+    [dropped] = sampled.run_episodes([Prompt("open a terminal", None, {}, "osworld")], 1, seed=0)
+    assert "sampled the image placeholder token" in dropped.error
+    assert sampled._trajectory(dropped, 1).status == "failed"

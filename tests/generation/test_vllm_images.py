@@ -140,3 +140,60 @@ def test_the_gate_refuses_before_the_server_is_asked(vlm_server, processor):
     with pytest.raises(ImageRejected, match="allow_multimodal_inputs is false"):
         closed.generate([prompt], GREEDY, [[tiny]])
     assert process.poll() is None and client.healthy()
+
+
+def test_the_trainer_scores_what_vllm_sampled_on_the_same_pixels(vlm_server, vlm_config, processor, single_rank_world):
+    """Training on images (issue 40, part 4): a two-image trajectory (the first prompt's picture and one in
+    an observation after the first reply) sampled by vLLM; the dtensor policy, given the same compact
+    token ids and the PNGs the server was sent, expands the placeholders and feeds the pixel values as
+    vLLM did: its logprobs of the sampled tokens match the server's, and another picture changes them."""
+    from dockyard.generation.images import as_png
+    from dockyard.policy.dtensor import DTensorPolicy
+    from dockyard.policy.samples import Sample
+
+    client, _, _ = vlm_server
+    gate = ImageGate(True)
+    first, second = (gate.normalise(split_picture(a, b)) for a, b in (((255, 0, 0), (0, 0, 255)),
+                                                                      ((0, 255, 0), (255, 255, 0))))
+    sampling = SamplingParams(n=1, max_tokens=8, temperature=1.0, ignore_eos=True, seed=3)
+    prompt = question_ids(processor)
+    [reply] = client.generate([prompt], sampling, [[first]])
+    observation = processor.tokenizer("<|end|><|user|>And now <image>?<|end|><|assistant|>",
+                                      add_special_tokens=False)["input_ids"]
+    second_prompt = prompt + reply.token_ids + observation
+    [answer] = client.generate([second_prompt], sampling, [[first, second]])
+    tokens = second_prompt + answer.token_ids
+    sample = Sample(tokens, len(prompt), loss_mask=[1] * len(reply.token_ids) + [0] * len(observation)
+                    + [1] * len(answer.token_ids), images=[as_png(first), as_png(second)])
+    policy = DTensorPolicy(vlm_config, single_rank_world, torch.device("cpu"), total_optimizer_steps=1)
+    [trained] = policy.logprobs([sample])
+    assert trained.shape == (len(tokens) - len(prompt),)
+    served = torch.tensor(reply.logprobs + [0.0] * len(observation) + answer.logprobs)
+    mask = torch.tensor(sample.loss_mask, dtype=torch.bool)
+    assert torch.allclose(trained[mask], served[mask], atol=2e-3), (trained[mask] - served[mask]).abs().max()
+    swapped = Sample(tokens, len(prompt), images=[as_png(second), as_png(first)])
+    [other] = policy.logprobs([swapped])
+    assert (other[mask] - trained[mask]).abs().max() > 1e-3     # the pixels reach the trainer's forward
+    with pytest.raises(Exception, match="2 <image> placeholder\\(s\\) and 1 image"):
+        policy.logprobs([Sample(tokens, len(prompt), images=[as_png(first)])])
+
+    # a refit after a step that moved every weight, the vision tower's too: the server samples from the
+    # trained model, images and all, and the trainer still scores what it sampled
+    from dockyard import registry
+    from dockyard.generation.weight_transfer import SharedMemoryWeights
+
+    sample.advantage = 1.0
+    for group in policy.optimizer.param_groups:
+        group["lr"] = 0.05
+    policy.train_mini_batch([sample], None, None, registry.build("loss", "clipped_pg", config=vlm_config.loss_fn))
+    refit = SharedMemoryWeights([client])
+    try:
+        refit.push(policy.serving_weights(torch.float32).items())
+    finally:
+        refit.close()
+    [again] = client.generate([second_prompt], sampling, [[first, second]])
+    retrained = policy.logprobs([Sample(second_prompt + again.token_ids, len(second_prompt),
+                                        images=[as_png(first), as_png(second)])])[0]
+    assert (policy.logprobs([sample])[0] - trained)[mask].abs().max() > 1e-2   # the step moved the model
+    assert torch.allclose(retrained, torch.tensor(again.logprobs), atol=2e-3), \
+        (retrained - torch.tensor(again.logprobs)).abs().max()

@@ -276,7 +276,7 @@ def test_unsupported_features_and_missing_model_are_refused_before_starting(tmp_
     assert result.returncode == 2
     assert "policy.dtensor_cfg.context_parallel_size: context parallelism together with tensor parallelism is " \
            "not built yet" in result.stdout
-    assert "policy.generation.allow_multimodal_inputs: the GRPO loop does not train on image inputs" in result.stdout
+    assert "policy.generation.allow_multimodal_inputs: nothing in this run carries images" in result.stdout
     assert "loss_fn.reference_model.hf_path: no model folder at" in result.stdout
     assert "policy.megatron_cfg.pipeline_model_parallel_size: pipeline parallelism is not built for the megatron " \
            "backend yet" in result.stdout

@@ -23,6 +23,21 @@ def multimodal_inputs(cfg: MasterConfig) -> Iterator[Problem]:
 
 
 @rule
+def screenshots_need_image_inputs(cfg: MasterConfig) -> Iterator[Problem]:
+    """An environment that shows the agent screenshots needs the multimodal gate open."""
+    observation = (cfg.env.model_extra or {}).get("observation_type")
+    if isinstance(observation, str) and "screenshot" in observation and not cfg.policy.generation.allow_multimodal_inputs:
+        yield Problem("env.observation_type", f"{observation} shows the model screenshots: set "
+                      "policy.generation.allow_multimodal_inputs=true (with a vision-language policy and "
+                      "generation backend vllm)")
+    turns, most = cfg.grpo.max_rollout_turns, cfg.policy.generation.max_images_per_sample
+    if isinstance(observation, str) and "screenshot" in observation and most < turns:
+        yield Problem("policy.generation.max_images_per_sample", f"{most}, but an episode of grpo.max_rollout_turns "
+                      f"({turns}) turns carries up to {turns} screenshots (the first and one after each reply but the "
+                      "last); raise it or lower the turns")
+
+
+@rule
 def multi_turn_needs_agent(cfg: MasterConfig) -> Iterator[Problem]:
     """grpo.max_rollout_turns > 1 needs env.agent."""
     if cfg.grpo.max_rollout_turns > 1 and cfg.env.agent is None:
