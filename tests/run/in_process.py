@@ -45,6 +45,9 @@ class InProcessLoop:
 
         workdir.mkdir(parents=True, exist_ok=True)
         previous = Path.cwd()
+        # a jax run fixes this process's host device count in XLA_FLAGS; the commands a later test starts
+        # must not inherit it (a jax run of 2 devices would find 1 and stop)
+        xla_flags = os.environ.get("XLA_FLAGS")
         out = io.StringIO()
         os.chdir(workdir)
         try:
@@ -62,4 +65,8 @@ class InProcessLoop:
             raise
         finally:
             os.chdir(previous)
+            if xla_flags is None:
+                os.environ.pop("XLA_FLAGS", None)
+            else:
+                os.environ["XLA_FLAGS"] = xla_flags
         return LoopRun(workdir, out.getvalue())
