@@ -243,6 +243,22 @@ def test_a_group_that_is_not_one_names_the_worker_it_came_from():
                      prompt, "group 1-0 from worker w7")
 
 
+def test_a_group_with_screenshots_crosses_the_broker_as_json_and_comes_back_byte_for_byte():
+    from dockyard.data.datasets import Prompt
+    from dockyard.loop.rollouts import Group, Trajectory
+    from dockyard.plane.messages import BadMessage, decode_group, encode_trajectories
+    from dockyard.policy.samples import Sample
+
+    prompt = Prompt("open a terminal", None, {}, "osworld")
+    pictures = [b"\x89PNG\r\n\x1a\n" + bytes(range(256)), b"\x89PNG second"]
+    group = Group(prompt, [Trajectory(Sample([1, 2, 3], 2, images=pictures), 1.0), Trajectory(Sample([1, 4], 1), 0.0)])
+    text = encode_trajectories(group)
+    back = decode_group(text, prompt, "group 0-0 from worker w1")
+    assert [t.sample.images for t in back.trajectories] == [pictures, None]
+    with pytest.raises(BadMessage, match="from worker w1: not a group"):
+        decode_group(text.replace('"images": ["', '"images": ["%'), prompt, "group 0-0 from worker w1")
+
+
 def test_a_prompt_whose_workers_keep_dying_silently_is_set_aside_and_named(tiny_model, tmp_path):
     """Three workers took the prompt and went away without a word (SIGKILL, a lost node: nothing acked,
     nothing handed back); the fourth sets it aside instead of dying of it in turn."""
