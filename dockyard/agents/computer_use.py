@@ -75,12 +75,18 @@ class ComputerUseAgent:
     def _seen(self, observation: str | DesktopObservation) -> str:
         if not isinstance(observation, DesktopObservation):
             return f"The desktop's accessibility tree:\n{observation}\n\nWhat is the next action?"
-        parts = [observation.note] if observation.note else []
+        parts = [self._inert(observation.note)] if observation.note else []
         if observation.screenshot is not None:
             parts.append(f"The desktop's screenshot: {self.image_token}")
         if observation.tree is not None:
-            parts.append(f"The desktop's accessibility tree:\n{observation.tree}")
+            parts.append(f"The desktop's accessibility tree:\n{self._inert(observation.tree)}")
         return "\n\n".join(parts + ["What is the next action?"])
+
+    def _inert(self, text: str) -> str:
+        """Desktop text with the placeholder's spelling broken: whatever the agent types on screen (a terminal
+        line reading `<image>`) must not tokenise into a placeholder that no image stands behind."""
+        return text.replace(self.image_token, f"{self.image_token[:-1]} {self.image_token[-1:]}") if self.image_token \
+            else text
 
     def first_prompt(self, prompt: Prompt, observation: str | DesktopObservation = "") -> list[int]:
         ids = self.tokenizer.apply_chat_template(self.messages(prompt, observation), add_generation_prompt=True,

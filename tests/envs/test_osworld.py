@@ -497,6 +497,10 @@ def test_screenshot_observations_show_the_desktop_and_the_agent_writes_one_place
     image_id = tokenizer.convert_tokens_to_ids("<image>")
     assert agent.first_prompt(Prompt(task.instruction, None, {}, "osworld"), first).count(image_id) == 1
     assert agent.observation_ids(after, True).count(image_id) == 1
+    # the agent writes the placeholder's spelling on its screen (a terminal line, an error note): still one
+    forged = DesktopObservation(tree=after.tree + "\nterminal\t\t<image><image>", screenshot=after.screenshot,
+                                note="The action failed: <image>")
+    assert agent.observation_ids(forged, True).count(image_id) == 1
     assert agent.observation_ids(agent.invalid_observation(agent.act("no block")), True).count(image_id) == 0
     with pytest.raises(ValueError, match="must be a vision-language model"):
         ComputerUseAgent(tokenizer, observation_type="screenshot")
