@@ -35,6 +35,17 @@ def _row_length(samples: list[Sample], row: list[int]) -> int:
     return samples[row[0]].prompt_length + sum(samples[i].response_length for i in row)
 
 
+def _left_padded(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ids, attention mask, positions) of rows padded on the left, so that every row ends together."""
+    width = max(len(row) for row in rows)
+    ids = torch.zeros((len(rows), width), dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    for index, row in enumerate(rows):
+        ids[index, width - len(row):] = torch.tensor(row)
+        attention[index, width - len(row):] = 1
+    return ids, attention, (attention.cumsum(-1) - 1).clamp(min=0)
+
+
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     inner = getattr(model, "model", model)
     inner = getattr(inner, "text_model", inner)   # a vision-language model's decoder
@@ -169,14 +180,8 @@ class DTensorPolicy(Policy):
             return self._forward_with_images(samples, with_entropy)
         if self.share_prompts and len(samples) > 1:
             return self._forward_shared_prompts(samples, with_entropy)
-        width = max(len(s.token_ids) for s in samples)
         responses = max(1, max(s.response_length for s in samples))
-        ids = torch.zeros((len(samples), width), dtype=torch.long)
-        attention = torch.zeros((len(samples), width), dtype=torch.long)
-        for row, sample in enumerate(samples):
-            ids[row, width - len(sample.token_ids):] = torch.tensor(sample.token_ids)
-            attention[row, width - len(sample.token_ids):] = 1
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        ids, attention, positions = _left_padded([s.token_ids for s in samples])
         if self.cp_group is not None:
             return self._forward_context_parallel(ids, attention, positions, responses, with_entropy)
         ids, attention, positions = ids.to(self.device), attention.to(self.device), positions.to(self.device)
@@ -193,14 +198,8 @@ class DTensorPolicy(Policy):
             raise PolicySetupError(f"a sample carries images but {self.config.policy.model_name} is not a "
                                    "vision-language model (its config.json has no vision_config)")
         expanded = [self.vision.expand(s.token_ids, s.prompt_length, s.images or []) for s in samples]
-        width = max(len(e.token_ids) for e in expanded)
         responses = max(1, max(len(e.token_ids) - e.prompt_length for e in expanded))
-        ids = torch.zeros((len(samples), width), dtype=torch.long)
-        attention = torch.zeros((len(samples), width), dtype=torch.long)
-        for row, sample in enumerate(expanded):
-            ids[row, width - len(sample.token_ids):] = torch.tensor(sample.token_ids)
-            attention[row, width - len(sample.token_ids):] = 1
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        ids, attention, positions = _left_padded([e.token_ids for e in expanded])
         pixels = VisionInputs.batch([e.pixels for e in expanded])
         extra = {}
         if pixels is not None:
