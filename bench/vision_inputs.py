@@ -59,8 +59,8 @@ def main() -> None:
     vision = VisionInputs(model)
     shots = [screenshot(seed) for seed in range(3 + args.repeats)]
     token = vision.image_token_id
-    first = median_seconds(lambda: vision._one(shots.pop()), args.repeats)
-    cached = median_seconds(lambda: vision._one(shots[0]), args.repeats)
+    first = median_seconds(lambda: vision.expansion(shots.pop()), args.repeats)
+    cached = median_seconds(lambda: vision.expansion(shots[0]), args.repeats)
     print(f"screenshot 1920x1080 -> placeholder expansion + pixel values: {first * 1000:.1f} ms "
           f"(cached: {cached * 1e6:.0f} us)")
 

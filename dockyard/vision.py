@@ -51,16 +51,6 @@ def vision_family_problem(path: str | Path) -> str | None:
     return None
 
 
-def image_token_of(path: str | Path) -> str:
-    """The placeholder token a prompt writes for one image (the processor's `image_token`)."""
-    from transformers import AutoProcessor
-
-    problem = vision_family_problem(path)
-    if problem:
-        raise VisionInputError(problem)
-    return AutoProcessor.from_pretrained(Path(path).expanduser()).image_token
-
-
 @dataclass
 class ExpandedSample:
     token_ids: list[int]          # every placeholder replaced by its image's tokens
@@ -92,7 +82,7 @@ class VisionInputs:
         self.image_token_id = self.processor.tokenizer.convert_tokens_to_ids(self.image_token)
         self._expansions: dict[bytes, tuple[list[int], dict]] = {}
 
-    def _one(self, png: bytes) -> tuple[list[int], dict]:
+    def expansion(self, png: bytes) -> tuple[list[int], dict]:
         """(the placeholder's expansion, the image's processor outputs), cached per image."""
         cached = self._expansions.get(png)
         if cached is None:
@@ -120,7 +110,7 @@ class VisionInputs:
         pixels: dict[str, list[torch.Tensor]] = {}
         start = 0
         for place, png in zip(places, images):
-            expansion, tensors = self._one(png)
+            expansion, tensors = self.expansion(png)
             where += range(len(ids), len(ids) + place - start)
             ids += token_ids[start:place]
             ids += expansion

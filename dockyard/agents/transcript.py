@@ -34,11 +34,17 @@ class Transcript:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)   # weights version per token (-1: not sampled)
     images: list[bytes] = field(default_factory=list)   # PNG per image placeholder token in `ids`, in order
+    image_growth: int = 0   # tokens the placeholders add once expanded into the images' tokens
     turns: int = 0
 
     @property
     def ids(self) -> list[int]:
         return self.prompt_ids + self.tokens
+
+    @property
+    def length(self) -> int:
+        """What the model runs on: the tokens with each image placeholder expanded."""
+        return len(self.prompt_ids) + len(self.tokens) + self.image_growth
 
     def add_sampled(self, token_ids: list[int], logprobs: list[float], versions: list[int] | None = None) -> None:
         self.tokens += token_ids

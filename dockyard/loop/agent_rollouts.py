@@ -63,12 +63,13 @@ class AgentRolloutCollector(RolloutCollector):
             raise ValueError(f"env.agent: environment {cfg.env.name!r} is single-turn; set env.agent to null")
         settings = dict(getattr(env, "agent_settings", {}))
         self.image_gate = ImageGate.from_generation(cfg.policy.generation)
-        self.image_token_id = None
+        self.image_token_id = self.vision = None
         if settings.get("observation_type", "a11y_tree") != "a11y_tree" and self.image_gate.allowed:
-            from dockyard.vision import image_token_of
+            from dockyard.vision import VisionInputs
 
-            settings["image_token"] = image_token_of(cfg.policy.model_name)
-            self.image_token_id = tokenizer.convert_tokens_to_ids(settings["image_token"])
+            self.vision = VisionInputs(cfg.policy.model_name)   # a screenshot's tokens count against the budget
+            settings["image_token"] = self.vision.image_token
+            self.image_token_id = tokenizer.convert_tokens_to_ids(self.vision.image_token)
         self.agent = registry.build("agent", cfg.env.agent, tokenizer=tokenizer, tools=env.tools,
                                     system_prompt=cfg.data.add_system_prompt, chat_template=chat_template,
                                     template_kwargs=template_kwargs, tool_format=getattr(env, "tool_format", "auto"),
@@ -92,14 +93,15 @@ class AgentRolloutCollector(RolloutCollector):
         episode.transcript = Transcript(self.agent.first_prompt(episode.prompt, *([seen] if seen is not None else [])))
         if not episode.done:
             try:
-                episode.transcript.images += self._images(seen, episode.transcript.prompt_ids)
+                images, growth = self._images(seen, episode.transcript.prompt_ids)
+                episode.transcript.images, episode.transcript.image_growth = images, growth
             except (ImageRejected, TranscriptError) as err:
                 episode.done, episode.error, episode.ended_by = True, f"{type(err).__name__}: {err}", "error"
-        if len(episode.transcript.prompt_ids) >= self.max_total and not episode.done:
+        if episode.transcript.length >= self.max_total and not episode.done:
             if seen is not None:   # this attempt's observation was too long: another may fit
                 episode.done, episode.ended_by = True, "error"
                 episode.error = (f"the first prompt with the environment's first observation is "
-                                 f"{len(episode.transcript.prompt_ids)} tokens, no room within "
+                                 f"{episode.transcript.length} tokens, no room within "
                                  f"policy.max_total_sequence_length ({self.max_total})")
                 return
             # the config's budget, not this attempt's bad luck: no retry can fix it
@@ -141,33 +143,34 @@ class AgentRolloutCollector(RolloutCollector):
             return
         previous = episode.transcript.ids
         added = self.agent.observation_ids(observation, reply_ended)
-        if len(previous) + len(added) >= self.max_total:
-            episode.done, episode.ended_by = True, "max_total_sequence_length"
-            return
         try:
-            images = self._images(observation, added)
+            images, growth = self._images(observation, added)
         except (ImageRejected, TranscriptError) as err:
             episode.done, episode.error, episode.ended_by = True, f"{type(err).__name__}: {err}", "error"
             return
+        if episode.transcript.length + len(added) + growth >= self.max_total:
+            episode.done, episode.ended_by = True, "max_total_sequence_length"
+            return
         episode.transcript.extend(previous, added)
         episode.transcript.images += images
+        episode.transcript.image_growth += growth
 
-    def _images(self, observation, ids: list[int]) -> list[bytes]:
-        """The observation's screenshot through the gate, as the PNG the servers are sent; its tokens
-        must hold exactly one placeholder for it."""
+    def _images(self, observation, ids: list[int]) -> tuple[list[bytes], int]:
+        """The observation's screenshot through the gate, as the PNG the servers are sent, and how many
+        tokens its placeholder grows by once expanded; `ids` must hold exactly one placeholder for it."""
         screenshot = getattr(observation, "screenshot", None)
-        if self.image_token_id is None:
+        if self.vision is None:
             if screenshot is not None:
                 raise ImageRejected("the environment sent a screenshot but policy.generation.allow_multimodal_inputs "
                                     "is false")
-            return []
+            return [], 0
         images = [] if screenshot is None else [as_png(self.image_gate.normalise(screenshot, "the screenshot"))]
         placed = ids.count(self.image_token_id)
         if placed != len(images):
             raise TranscriptError(f"an observation with {len(images)} screenshot(s) was tokenised with {placed} image "
                                   "placeholder(s): the chat template must render a message's text as it is "
                                   "(policy.generation.chat_template.path)")
-        return images
+        return images, sum(len(self.vision.expansion(image)[0]) - 1 for image in images)
 
     def _finish(self, episode: Episode) -> None:
         try:
@@ -216,13 +219,13 @@ class AgentRolloutCollector(RolloutCollector):
                 # one generate call per token budget (usually one: the per-turn budget)
                 budgets: dict[int, list[Episode]] = {}
                 for episode in live:
-                    room = self.max_total - len(episode.transcript.ids)
-                    params = self.sampling([len(episode.transcript.ids)], 1, seed + 7_919 * turn, temperature)
+                    room = self.max_total - episode.transcript.length
+                    params = self.sampling([episode.transcript.length], 1, seed + 7_919 * turn, temperature)
                     budgets.setdefault(min(room, params.max_tokens), []).append(episode)
                 replies: list[tuple[Episode, str, bool, list[int] | None]] = []
                 with self.timer("generate"):
                     for budget, batch in budgets.items():
-                        params = replace(self.sampling([len(e.transcript.ids) for e in batch], 1, seed + 7_919 * turn,
+                        params = replace(self.sampling([e.transcript.length for e in batch], 1, seed + 7_919 * turn,
                                                        temperature), max_tokens=budget)
                         images = [e.transcript.images for e in batch]
                         completions = self.generate([e.transcript.ids for e in batch], params,

@@ -570,6 +570,12 @@ def test_the_collector_gates_screenshots_keeps_them_with_the_tokens_and_drops_a_
     assert episode.transcript.ids.count(image_id) == 1
     sample = made._trajectory(episode, 1).sample
     assert sample.images == kept
+    # the budget counts the screenshot's tokens as the model runs them (tiny-vlm: 7 for the 1 placeholder)
+    assert episode.transcript.length == len(episode.transcript.ids) + 6
+    prompt_length = len(episode.transcript.prompt_ids)
+    tight, _ = collector(f"policy.max_total_sequence_length={prompt_length + 3}", replies=lambda i: [5, 6, 7])
+    [cut] = tight.run_episodes([Prompt("open a terminal", None, {}, "osworld")], 1, seed=0)
+    assert f"first observation is {prompt_length + 6} tokens, no room" in cut.error
 
     over, _ = collector("policy.generation.max_image_pixels=10000", replies=lambda i: [5, 6, 7])
     [refused] = over.run_episodes([Prompt("open a terminal", None, {}, "osworld")], 1, seed=0)
