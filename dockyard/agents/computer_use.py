@@ -47,13 +47,14 @@ class ComputerUseAgent:
     def __init__(self, tokenizer, tools=None, system_prompt: str | None = None, chat_template: str | None = None,
                  template_kwargs: dict | None = None, tool_format: str = "auto", action_space: str = "pyautogui",
                  screen: tuple[int, int] = (1920, 1080), observation_type: str = "a11y_tree",
-                 image_token: str | None = None):
+                 image_token: str | None = None, image_placeholder: str | None = None):
         if observation_type not in SEES:
             raise ValueError(f"env.observation_type: {observation_type!r} is not one of {', '.join(SEES)}")
         if observation_type != "a11y_tree" and not image_token:
             raise ValueError(f"env.observation_type: {observation_type} shows the model screenshots; the policy "
                              "must be a vision-language model with policy.generation.allow_multimodal_inputs on")
         self.observation_type, self.image_token = observation_type, image_token
+        self.image_placeholder = image_placeholder or image_token   # what a message writes per screenshot
         self.tokenizer, self.system_prompt, self.chat_template = tokenizer, system_prompt, chat_template
         self.kwargs = dict(template_kwargs or {})
         self.action_space = action_space
@@ -77,7 +78,7 @@ class ComputerUseAgent:
             return f"The desktop's accessibility tree:\n{observation}\n\nWhat is the next action?"
         parts = [self._inert(observation.note)] if observation.note else []
         if observation.screenshot is not None:
-            parts.append(f"The desktop's screenshot: {self.image_token}")
+            parts.append(f"The desktop's screenshot: {self.image_placeholder}")
         if observation.tree is not None:
             parts.append(f"The desktop's accessibility tree:\n{self._inert(observation.tree)}")
         return "\n\n".join(parts + ["What is the next action?"])

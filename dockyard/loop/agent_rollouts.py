@@ -68,7 +68,7 @@ class AgentRolloutCollector(RolloutCollector):
             from dockyard.vision import VisionInputs
 
             self.vision = VisionInputs(cfg.policy.model_name)   # a screenshot's tokens count against the budget
-            settings["image_token"] = self.vision.image_token
+            settings["image_token"], settings["image_placeholder"] = self.vision.image_token, self.vision.placeholder
             self.image_token_id = tokenizer.convert_tokens_to_ids(self.vision.image_token)
         self.agent = registry.build("agent", cfg.env.agent, tokenizer=tokenizer, tools=env.tools,
                                     system_prompt=cfg.data.add_system_prompt, chat_template=chat_template,

@@ -48,7 +48,8 @@ def _left_padded(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, tor
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     inner = getattr(model, "model", model)
-    inner = getattr(inner, "text_model", inner)   # a vision-language model's decoder
+    # a vision-language model's decoder (Idefics3: text_model, Qwen2-VL: language_model)
+    inner = getattr(inner, "text_model", None) or getattr(inner, "language_model", None) or inner
     layers = getattr(inner, "layers", None)
     if layers is None:
         raise ValueError(f"{type(model).__name__}: cannot find its decoder layers (model.model.layers) to shard")
@@ -200,15 +201,12 @@ class DTensorPolicy(Policy):
         expanded = [self.vision.expand(s.token_ids, s.prompt_length, s.images or []) for s in samples]
         responses = max(1, max(len(e.token_ids) - e.prompt_length for e in expanded))
         ids, attention, positions = _left_padded([e.token_ids for e in expanded])
-        pixels = VisionInputs.batch([e.pixels for e in expanded])
-        extra = {}
-        if pixels is not None:
-            extra["pixel_values"] = pixels.pixel_values.to(self.device)
-            if pixels.pixel_attention_mask is not None:
-                extra["pixel_attention_mask"] = pixels.pixel_attention_mask.to(self.device)
-        logits = self.model(input_ids=ids.to(self.device), attention_mask=attention.to(self.device),
-                            position_ids=positions.to(self.device), use_cache=False, logits_to_keep=responses + 1,
-                            **extra).logits[:, :-1]
+        extra = {name: tensor.to(self.device) for name, tensor in
+                 self.vision.model_inputs([e.pixels for e in expanded], ids).items()}
+        if not self.vision.mrope:   # a 3-D rotary model builds its positions from the mask and the image tokens
+            extra["position_ids"] = positions.to(self.device)
+        logits = self.model(input_ids=ids.to(self.device), attention_mask=attention.to(self.device), use_cache=False,
+                            logits_to_keep=responses + 1, **extra).logits[:, :-1]
         logprobs, entropy = token_logprobs(logits, ids[:, -responses:].to(self.device), self.temperature,
                                            with_entropy, self.vocab)
         # back to the original tokens, right-aligned as every other path returns them
