@@ -99,6 +99,17 @@ class VisionInputs:
             self.image_token_id = self.processor.tokenizer.convert_tokens_to_ids(self.image_token)
         self._expansions: dict[bytes, tuple[list[int], dict]] = {}
 
+    def stand_in(self) -> tuple[list[int], bytes]:
+        """(token ids, image) of a prompt of one small grey image and one response token: what runs the
+        vision tower in a training micro-batch that has no image of its own."""
+        if not hasattr(self, "_stand_in"):
+            from PIL import Image
+
+            buffer = io.BytesIO()
+            Image.new("RGB", (28, 28), (128, 128, 128)).save(buffer, "PNG")
+            self._stand_in = buffer.getvalue()
+        return [self.image_token_id, 0], self._stand_in
+
     def expansion(self, png: bytes) -> tuple[list[int], dict]:
         """(the placeholder token's expansion, the image's tensors), cached per image."""
         cached = self._expansions.get(png)

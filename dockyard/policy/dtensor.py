@@ -177,7 +177,7 @@ class DTensorPolicy(Policy):
         Left padding lines up every sequence's end, so only the last R + 1 positions need logits
         (R = longest response): the LM head, a large share of a small model's compute, skips the
         prompts."""
-        if any(s.images for s in samples):
+        if any(s.images for s in samples) or (self.vision is not None and torch.is_grad_enabled()):
             return self._forward_with_images(samples, with_entropy)
         if self.share_prompts and len(samples) > 1:
             return self._forward_shared_prompts(samples, with_entropy)
@@ -194,10 +194,18 @@ class DTensorPolicy(Policy):
         """_forward_logprobs' rows for samples with images: each placeholder expanded into its image's
         tokens and the pixel values beside them (vision.py), then the logprobs of the original response
         tokens picked out of the expanded rows (a placeholder's own entry is its expansion's last token:
-        observations are never trained)."""
+        observations are never trained).
+
+        A training micro-batch without images gets a stand-in row (one small image) whose logprobs join the
+        loss times zero: every rank's backward then has gradients for the vision tower, whose reduction
+        FSDP runs over all ranks (a rank without them would send fewer bytes and break the collective)."""
         if self.vision is None:
             raise PolicySetupError(f"a sample carries images but {self.config.policy.model_name} is not a "
                                    "vision-language model (its config.json has no vision_config)")
+        stand_in = torch.is_grad_enabled() and not any(s.images for s in samples)
+        if stand_in:
+            ids, image = self.vision.stand_in()
+            samples = samples + [Sample(ids, len(ids) - 1, images=[image])]
         expanded = [self.vision.expand(s.token_ids, s.prompt_length, s.images or []) for s in samples]
         responses = max(1, max(len(e.token_ids) - e.prompt_length for e in expanded))
         ids, attention, positions = _left_padded([e.token_ids for e in expanded])
@@ -219,7 +227,11 @@ class DTensorPolicy(Policy):
             rows[row] = row
             cols[row, kept - len(picked):] = torch.tensor(picked, dtype=torch.long)
         rows, cols = rows.to(logprobs.device), cols.to(logprobs.device)
-        return logprobs[rows, cols], (entropy[rows, cols] if entropy is not None else None)
+        logprobs, entropy = logprobs[rows, cols], (entropy[rows, cols] if entropy is not None else None)
+        if stand_in:
+            logprobs = logprobs[:-1] + 0.0 * logprobs[-1:].sum()
+            entropy = entropy[:-1] if entropy is not None else None
+        return logprobs, entropy
 
     def _forward_context_parallel(self, ids, attention, positions, responses: int, with_entropy: bool):
         """_forward_logprobs' rows, this rank running the model on its share of the positions only

@@ -128,3 +128,25 @@ def test_the_agent_writes_each_familys_placeholder_once_per_screenshot(tiny_vlm)
     assert any(ids[i:i + len(written)] == written for i in range(len(ids)))
     grown = vision.expand(ids, len(ids), [png((9, 9, 9))])
     assert len(grown.token_ids) == len(ids) + len(vision.expansion(png((9, 9, 9)))[0]) - 1
+
+
+def test_two_data_parallel_ranks_one_without_images_train_as_one_rank_with_both(tiny_vlm, tmp_path):
+    """A rank whose micro-batch has no image still takes part in the vision tower's gradient reduction
+    (without it FSDP's collective breaks: the other rank sends more bytes): the step over two ranks
+    equals the step over one rank with both samples."""
+    from tests.policy.worlds import launch_world
+
+    family, model_path = tiny_vlm
+    if family == "qwen2_5_vl":
+        pytest.skip("the same forward arguments as qwen2_vl; three worlds of processes each cost a minute")
+    worker = str(REPO / "tests" / "policy" / "vision_worker.py")
+    launch_world(1, [worker, "--model", str(model_path), "--out", str(tmp_path / "one.pt")], 300)
+    launch_world(2, [worker, "--model", str(model_path), "--out", str(tmp_path / "two.pt")], 300)
+    one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    before, one, two = one["before"], one["after"], two["after"]
+    assert one.keys() == two.keys()
+    # a step moves weights by about lr (1e-3); the two worlds differ by summation order only
+    assert max(float((one[n] - two[n]).abs().max()) for n in one) < 1e-4
+    moved = [n for n in one if ("visual" in n or "vision_model" in n) and not torch.equal(one[n], before[n])]
+    assert moved   # the image reached the step on both worlds
+
