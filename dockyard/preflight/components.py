@@ -88,7 +88,9 @@ def _image_inputs(cfg: MasterConfig) -> list[Problem]:
                          ("policy.dtensor_cfg.context_parallel_size", dtensor.context_parallel_size > 1),
                          ("policy.dynamic_batching.share_prompts",
                           cfg.policy.dynamic_batching.enabled and cfg.policy.dynamic_batching.share_prompts),
-                         ("policy.lora.enabled", cfg.policy.lora.enabled)):
+                         ("policy.lora.enabled", cfg.policy.lora.enabled),
+                         # teachers score token ids only: a screenshot would be a bare placeholder to them
+                         ("grpo.adv_estimator.name", cfg.grpo.adv_estimator.name == "opd")):
         if value:
             problems.append(Problem(field, "not built for image inputs (a vision-language policy); turn it off"))
     model = cfg.policy.model_name

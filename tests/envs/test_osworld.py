@@ -585,3 +585,26 @@ def test_the_collector_gates_screenshots_keeps_them_with_the_tokens_and_drops_a_
     [dropped] = sampled.run_episodes([Prompt("open a terminal", None, {}, "osworld")], 1, seed=0)
     assert "sampled the image placeholder token" in dropped.error
     assert sampled._trajectory(dropped, 1).status == "failed"
+
+
+@pytest.mark.parametrize("overrides, named", [
+    (["env.observation_type=a11y_tree"], "policy.generation.allow_multimodal_inputs: nothing in this run carries images"),
+    (["policy.backend=megatron", "policy.megatron_cfg={bf16: false}"], "policy.generation.allow_multimodal_inputs: the megatron backend does not feed images"),
+    (["policy.lora.enabled=true"], "policy.lora.enabled: not built for image inputs"),
+    (["policy.model_name=${models_dir}/tiny-llama"], "policy.model_name: "),
+    ([], None),
+])
+def test_image_inputs_are_refused_by_name_where_the_trainer_cannot_take_them(overrides, named):
+    from dockyard.config.loader import load_config
+    from dockyard.preflight.components import _image_inputs
+
+    if not (REPO / "models" / "tiny-vlm").is_dir():
+        pytest.skip("models/tiny-vlm is built by tools/install.sh")
+    cfg = load_config("grpo_osworld_screenshot_local.yaml", [f"models_dir={REPO / 'models'}", *overrides]).config
+    found = [f"{p.path}: {p.message}" for p in _image_inputs(cfg)]
+    if named is None:
+        assert found == []
+    else:
+        assert any(line.startswith(named) for line in found), found
+        if "tiny-llama" in " ".join(overrides):
+            assert "is a text-only model" in found[0]
