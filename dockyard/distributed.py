@@ -80,13 +80,18 @@ def ephemeral_ports() -> tuple[int, int]:
         return 32768, 60999
 
 
+# ports this process handed out: one not bound yet (the trainer's rendezvous port, chosen before the
+# broker starts) must not be handed out again to the next server started beside it
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
     """A port nobody listens on now, for a process started next to listen on. It is taken below the
     kernel's ephemeral range: a port from bind(0) is one any outgoing connection (a gloo pair, an HTTP
     client) may take before the server binds it, which `dockyard run` saw as an engine failing with
     "Address already in use" while the trainer ranks started beside it."""
     low, _ = ephemeral_ports()
-    candidates = list(range(max(1024, low - 12000), low))
+    candidates = [port for port in range(max(1024, low - 12000), low) if port not in _HANDED_OUT]
     random.SystemRandom().shuffle(candidates)
     for port in candidates[:200] if candidates else []:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -94,6 +99,7 @@ def free_port() -> int:
                 sock.bind(("0.0.0.0", port))
             except OSError:
                 continue
+            _HANDED_OUT.add(port)
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:   # nothing free below the range
         sock.bind(("127.0.0.1", 0))

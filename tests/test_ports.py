@@ -35,3 +35,15 @@ def test_a_port_someone_listens_on_is_not_handed_out():
     finally:
         for sock in taken:
             sock.close()
+
+
+def test_a_port_handed_out_and_not_yet_listened_on_is_not_handed_out_again(monkeypatch):
+    """`dockyard run` picks the ranks' rendezvous port, then starts the data plane's broker: the broker
+    once got the same port and rank 0 failed with EADDRINUSE."""
+    import dockyard.distributed as distributed
+
+    monkeypatch.setattr(distributed, "_HANDED_OUT", set())
+    monkeypatch.setattr(distributed, "ephemeral_ports", lambda: (1026, 60999))   # two candidates: 1024, 1025
+    first, second = free_port(), free_port()
+    assert {first, second} == {1024, 1025}
+    assert free_port() not in {1024, 1025}   # none left below the range: the kernel's choice
