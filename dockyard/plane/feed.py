@@ -181,16 +181,22 @@ class PlaneFeed:
                 got = b.call("waiting for groups", lambda: b.redis.xreadgroup(
                     TRAINER, CONSUMER, {b.key(GROUPS): ">"}, count=self.batch - len(groups), block=1000))
                 entries = [(i, f) for _, es in (got or []) for i, f in es if f]
+            accepted = 0
             for entry_id, fields in entries:
                 group = self._accept(entry_id, fields, trainer_version)
                 if group is not None:
                     groups.append(group)
-            if entries:
+                    accepted += 1
+            # only a group it can train counts as delivered: workers that deliver nothing but stale
+            # groups (weights the run no longer has) must not keep the trainer waiting for ever
+            if accepted:
                 deadline = time.monotonic() + timeout_s
             elif time.monotonic() > deadline:
+                dropped = self.step_counts["stale"] + self.step_counts["duplicate"]
                 raise ComponentError(f"data plane: no rollout worker delivered a group for {timeout_s:.0f} s "
                                      f"(data_plane.timeout_s; {self.live_workers()} worker(s) alive, "
-                                     f"{len(groups)} of {self.batch} groups in hand)")
+                                     f"{len(groups)} of {self.batch} groups in hand"
+                                     + (f", {dropped} stale or duplicate dropped" if dropped else "") + ")")
         self.last_lags = [trainer_version - version for *_, version in self.taken]
         self.taken = [(i, n, row) for i, n, row, _ in self.taken]
         self.last_rows = [row for _, _, row in self.taken]

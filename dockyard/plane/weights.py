@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import shutil
 import time
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -20,11 +22,21 @@ def weights_root(cfg) -> Path:
     return Path(cfg.data_plane.weights_dir) if cfg.data_plane.weights_dir else broker_folder(cfg) / "weights"
 
 
-def announced(broker: Broker) -> tuple[int, str] | None:
-    """The newest version and its folder, or None before the trainer published one."""
+@dataclass(frozen=True)
+class Announcement:
+    """One publication. `publication` tells apart two writes of the same version: a resumed trainer
+    writes again the versions its killed predecessor had published past its checkpoint, from other
+    weights, into the same folder; a worker that served the first must load the second."""
+    version: int
+    path: str
+    publication: str
+
+
+def announced(broker: Broker) -> Announcement | None:
+    """The newest publication, or None before the trainer published one."""
     got = broker.call("reading the weights version", lambda: broker.redis.hmget(
-        broker.key("state"), "weights_version", "weights_path"))
-    return None if got[0] is None else (int(got[0]), got[1])
+        broker.key("state"), "weights_version", "weights_path", "weights_publication"))
+    return None if got[0] is None else Announcement(int(got[0]), got[1], got[2] or "")
 
 
 class WeightPublisher:
@@ -44,11 +56,17 @@ class WeightPublisher:
         partial.mkdir(parents=True)
         partial.chmod(0o755)
         save_file({name: t.detach().contiguous() for name, t in weights.items()}, str(partial / FILE))
-        shutil.rmtree(folder, ignore_errors=True)   # a version written again after a resume replaces the old one
+        publication = uuid.uuid4().hex
+        # a version written again after a resume replaces the old one. Moved aside, not deleted in place:
+        # a worker that opened the old file reads it whole; one that comes after finds the new folder
+        old = self.root / f".v{version}.{publication}.old"
+        if folder.exists():
+            folder.replace(old)
         partial.replace(folder)
+        shutil.rmtree(old, ignore_errors=True)
         b = self.broker
         b.call("announcing weights", lambda: b.redis.hset(b.key("state"), mapping={
-            "weights_version": version, "weights_path": str(folder)}))
+            "weights_version": version, "weights_path": str(folder), "weights_publication": publication}))
         self.last_seconds = time.perf_counter() - started
         self.last_bytes = (folder / FILE).stat().st_size
         self.prune(version)

@@ -35,7 +35,7 @@ from dockyard.plane.broker import Broker, WaitCancelled
 from dockyard.preflight.components import plane_client_problems
 from dockyard.plane.feed import GROUPS, PROMPTS, WORKERS, ensure_groups
 from dockyard.plane.messages import decode_prompt, encode_trajectories, sampling_settings, settings_differences
-from dockyard.plane.weights import announced
+from dockyard.plane.weights import Announcement, announced
 from dockyard.processes import STOP_SIGNALS, log_tail, start_server, stop_processes
 
 HEARTBEAT_S = 5
@@ -58,7 +58,7 @@ class RolloutWorker:
         self.cfg, self.name, self.log_dir, self.max_groups = cfg, name, log_dir, max_groups
         self.stopping = threading.Event()
         self.version: int | None = None
-        self.weights_path: str | None = None
+        self.serving: Announcement | None = None   # the publication its servers hold
         self.groups = 0
         self.held: list[tuple[str, dict]] = []   # prompts taken and not yet answered
         self.servers: list = []
@@ -158,20 +158,19 @@ class RolloutWorker:
         got = announced(self.broker)
         if got is None:
             return False
-        version, path = got
         if self.version is None:
             self._same_settings_as_the_run()   # a worker that joined before the trainer is checked now
-        if (version, path) != (self.version, self.weights_path):
+        if got != self.serving:
             started = time.perf_counter()
             try:
-                self.fleet.load_weights_from_disk(path)
+                self.fleet.load_weights_from_disk(got.path)
             except GenerationServerError as err:
-                if not Path(path).is_dir():   # replaced by a newer version meanwhile: read the announcement again
+                if announced(self.broker) != got:   # replaced or pruned meanwhile: read the announcement again
                     return False
                 raise ComponentError(f"rollout worker {self.name}: its servers cannot load weights version "
-                                     f"{version} from {path}: {err}") from None
-            self.version, self.weights_path = version, path
-            say(f"dockyard rollout-worker {self.name}: serving weights version {version} "
+                                     f"{got.version} from {got.path}: {err}") from None
+            self.serving, self.version = got, got.version
+            say(f"dockyard rollout-worker {self.name}: serving weights version {got.version} "
                 f"({time.perf_counter() - started:.1f} s to load)")
         return True
 

@@ -31,9 +31,19 @@ def _start(workdir: Path, model: Path, command: str, *args: str) -> subprocess.P
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
-def _finish(process: subprocess.Popen, timeout: float = 300) -> str:
+def _finish(process: subprocess.Popen, timeout: float = 300, *beside: subprocess.Popen) -> str:
+    """Its output once it exits; past the timeout, a failure that shows what it and the processes
+    beside it (the workers) said."""
     try:
         output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired as late:
+        said = []
+        for other in (process, *beside):
+            if other.poll() is None:
+                os.killpg(other.pid, signal.SIGKILL)
+            text = late.output if other is process else other.communicate(timeout=30)[0]
+            said.append(f"--- {' '.join(other.args[3:])[:160]}:\n{(text.decode() if isinstance(text, bytes) else text or '')[-3000:]}")
+        raise AssertionError(f"not finished after {timeout:.0f} s\n" + "\n".join(said)) from None
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
@@ -87,7 +97,8 @@ def _a_stranger_cannot_write_to_the_broker(workdir: Path) -> None:
 
 
 def test_workers_join_and_leave_while_the_trainer_steps_and_every_group_is_accounted_for(tiny_model, tmp_path):
-    trainer = _start(tmp_path, tiny_model, "run", "grpo.max_num_steps=1000")
+    # rows repeat from the second epoch on: a dataset no run of this test gets through (64 steps did, of 256 rows)
+    trainer = _start(tmp_path, tiny_model, "run", "grpo.max_num_steps=1000", "data.datasets.0.generator.size=4096")
     workers = {name: _start(tmp_path, tiny_model, "rollout-worker", "--worker-id", name) for name in ("first", "second")}
     try:
         _wait(lambda: any(m["plane/workers"] == 2 for m in _steps(tmp_path)), "a step with both workers",
@@ -156,7 +167,7 @@ def test_a_trainer_killed_between_reading_and_checkpointing_trains_the_same_grou
         # a worker started with other sampling settings than the run's is refused, naming them
         other = _start(tmp_path, tiny_model, "rollout-worker", "policy.generation.max_new_tokens=8")
         refused = _finish(other, 120)
-        output = _finish(again)
+        output = _finish(again, 300, worker)
         worker_output = _finish(worker, 60)
     finally:
         _kill_left(trainer, worker)
@@ -300,4 +311,76 @@ def test_a_prompt_whose_workers_keep_dying_silently_is_set_aside_and_named(tiny_
         assert not plain.hexists(broker.key("outstanding"), 7)   # the trainer no longer counts it as open
         assert plain.xlen(broker.key(PROMPTS)) == 0 and plain.hget(broker.key("counters"), "set_aside") == "1"
     finally:
+        server.kill()
+
+
+def test_a_version_published_again_by_a_resumed_trainer_is_loaded_again(tiny_model, tmp_path, capsys):
+    """A trainer killed past its checkpoint had published versions that its resumed successor writes
+    again from other weights, into the same folder: a worker that served the first must load the
+    second (same version, same path), and one that loses the race to the rewrite reads again."""
+    from safetensors.torch import load_file
+
+    from dockyard.config import load_config
+    from dockyard.distributed import free_port
+    from dockyard.plane.broker import Broker
+    from dockyard.plane.feed import ensure_groups
+    from dockyard.plane.weights import FILE, WeightPublisher, announced
+    from dockyard.plane.worker import RolloutWorker
+
+    port = free_port()
+    server = subprocess.Popen(["redis-server", "--port", str(port), "--dir", str(tmp_path), "--save", ""],
+                              stdout=subprocess.DEVNULL)
+    worker = None
+    try:
+        cfg = load_config(CONFIG, [f"models_dir={tiny_model.parent}", "data_plane.start=false",
+                                   f"data_plane.address=127.0.0.1:{port}", f"logger.log_dir={tmp_path}/logs",
+                                   f"checkpointing.checkpoint_dir={tmp_path}/checkpoints"]).config
+        _wait(lambda: subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True).returncode == 0,
+              "redis-server")
+        broker = Broker(cfg)
+        ensure_groups(broker)
+        weights = load_file(str(tiny_model / "model.safetensors"))
+        killed_run = WeightPublisher(cfg, broker)
+        killed_run.publish(weights, 3)
+        first = announced(broker)
+        (tmp_path / "worker").mkdir()
+        worker = RolloutWorker(cfg, "steady", tmp_path / "worker")
+        worker.broker = broker
+        worker.fleet = worker.start_servers()
+        assert worker._follow_weights() and worker.serving == first
+
+        resumed_run = WeightPublisher(cfg, broker)
+        other = {name: t + 0.01 for name, t in weights.items()}
+        resumed_run.publish(other, 3)
+        second = announced(broker)
+        assert (second.version, second.path) == (first.version, first.path) and second != first
+        assert worker._follow_weights() and worker.serving == second
+        said = capsys.readouterr().err
+        assert said.count("serving weights version 3") == 2, said
+        served = load_file(str(Path(second.path) / FILE))
+        assert all((served[name] == other[name]).all() for name in other)
+        assert [p.name for p in resumed_run.root.iterdir()] == ["v3"]   # the first write is gone, not left aside
+
+        # the announced folder vanishes under the load because the trainer moved on (pruned, rewritten):
+        # the worker reads the news again instead of ending
+        resumed_run.publish(weights, 4)
+        load = worker.fleet.load_weights_from_disk
+
+        def trainer_moves_on_during_the_load(path):
+            shutil.rmtree(path)
+            resumed_run.publish(other, 5)
+            load(path)
+
+        worker.fleet.load_weights_from_disk = trainer_moves_on_during_the_load
+        assert worker._follow_weights() is False and worker.serving == second
+        worker.fleet.load_weights_from_disk = load
+        assert worker._follow_weights() and worker.serving == announced(broker) and worker.version == 5
+        # the same failure with the announcement unchanged is the worker's own: it ends, naming the version
+        shutil.rmtree(announced(broker).path)
+        broker.redis.hset(broker.key("state"), "weights_publication", "rewritten")
+        with pytest.raises(Exception, match="its servers cannot load weights version 5 from"):
+            worker._follow_weights()
+    finally:
+        if worker is not None:
+            worker._leave()
         server.kill()
