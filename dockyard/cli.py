@@ -370,10 +370,31 @@ def build_parser() -> argparse.ArgumentParser:
     check_gguf.add_argument("--hf", metavar="DIR", help="also require every tensor this HF folder's weights map to")
     check_gguf.set_defaults(func=cmd_validate_gguf)
 
+    image = sub.add_parser("image", help="the dockyard image for cluster.container").add_subparsers(
+        dest="image_command", required=True)
+    image_build = image.add_parser("build", help="build the dockyard image without a registry (podman, a local "
+                                   "Debian base), cached by the hash of what goes in; write its runtime forms")
+    image_build.add_argument("--output", default="images", metavar="DIR",
+                             help="where the image folders go (<DIR>/<key>, <DIR>/latest); on a file system every "
+                             "node sees, the same as the job folder's for slurm_oci (default: ./images)")
+    image_build.add_argument("--base", default="localhost/dockyard-base:bookworm", metavar="IMAGE",
+                             help="the local base image (made by tools/build_base_image.sh when missing)")
+    image_build.add_argument("--extras", default="plane", help="dockyard's extras to install (default: plane)")
+    image_build.add_argument("--force", action="store_true", help="build even when the cache has it")
+    image_build.set_defaults(func=cmd_image_build)
+
     listing = sub.add_parser("list", help="print the component catalog by kind")
     listing.add_argument("kind", nargs="?", help="only this kind")
     listing.set_defaults(func=cmd_list)
     return parser
+
+
+def cmd_image_build(ns) -> int:
+    from dockyard.launch.image_build import build_image
+
+    folder = build_image(Path(ns.output), ns.base, ns.extras, ns.force)
+    print(folder)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dockyard import registry
+from dockyard.launch.containers import step_container
 from dockyard.config.schema import MasterConfig
 from dockyard.errors import ComponentError
 from dockyard.generation.generator import ServerClient
@@ -74,10 +75,9 @@ def step_environment(base: dict, extra: dict[str, str]) -> dict:
 
 
 def srun_command(cfg: MasterConfig, group: ServerGroup, node: str, het: bool, gpus: int, log: Path,
-                 cpus: int | None = None) -> list[str]:
+                 cpus: int | None = None, job_folder: Path | None = None) -> list[str]:
     """One server's step. Several servers on a node take `--exact` shares (`cpus` each when known):
     a step otherwise gets every CPU of the allocation there and the next server's step waits forever."""
-    slurm = cfg.cluster.slurm
     cmd = ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={node}", f"--output={log}", "--kill-on-bad-exit=1",
            f"--job-name={group.role}"]
     if het:
@@ -91,10 +91,9 @@ def srun_command(cfg: MasterConfig, group: ServerGroup, node: str, het: bool, gp
                 cmd.append(f"--cpus-per-task={cpus}")
         if gpus > 0:
             cmd.append(f"--gpus-per-task={gpus}")
-    if slurm.container_image:
-        cmd.append(f"--container-image={slurm.container_image}")
-        if slurm.container_mounts:
-            cmd.append(f"--container-mounts={','.join(slurm.container_mounts)}")
+    container = step_container(cfg, group.role, job_folder)
+    if container is not None:
+        cmd += container.srun_flags(job_folder)
     return cmd
 
 
@@ -145,8 +144,11 @@ def start_servers(cfg: MasterConfig, plan: JobPlan, alloc: Allocation, folder: P
         serve = server.command(port=0, host="0.0.0.0", threads=threads, address_file=str(address_file))
         # USR2 (the trainer's warning signal; Slurm sends it to every step, possibly while the server
         # is still importing) must not kill a server: ignored from before exec, which it inherits
-        command = srun_command(cfg, group, node, alloc.het_size > 1, gpus, log, step_cpus(alloc, group)) + [
+        container = step_container(cfg, role, folder)
+        program = container.server_command(serve) if container is not None else [
             "bash", "-c", 'trap "" USR2; exec "$@"', "dockyard-server", *serve]
+        command = srun_command(cfg, group, node, alloc.het_size > 1, gpus, log, step_cpus(alloc, group),
+                               folder) + program
         # the srun client itself runs in the trainer's step, which the warning signal reaches too: its
         # default action ended srun while the server started (exit -12); it inherits USR2 blocked
         with signals_blocked({signal.SIGUSR2}):

@@ -20,6 +20,7 @@ from dockyard.config.loader import LoadedConfig, import_folders
 from dockyard.config.schema import MasterConfig
 from dockyard.config.job_plan import JobPlan, plan_job
 from dockyard.config.slurm_time import minutes
+from dockyard.launch.containers import SUBMIT_DIR_VARIABLE, preflight_containers, step_container, write_bundle
 
 EXIT_CONFIG, EXIT_FAILED, EXIT_NOT_SUBMITTED = 2, 1, 3
 POLL_S = 3.0
@@ -63,10 +64,10 @@ def build_executor(cfg: MasterConfig, plan: JobPlan, folder: Path, require_slurm
     executor = HetSlurmExecutor(folder, extra_components=extra, require_slurm=require_slurm)
     trainer = plan.trainer
     srun_args = ["--kill-on-bad-exit=1"] + (["--het-group=0"] if extra else [])
-    if slurm.container_image:
-        srun_args.append(f"--container-image={slurm.container_image}")
-        if slurm.container_mounts:
-            srun_args.append(f"--container-mounts={','.join(slurm.container_mounts)}")
+    container = step_container(cfg, "trainer", folder)
+    if container is not None:
+        srun_args += container.srun_flags(folder)
+        executor.python = container.python_words()   # the image's Python, started in the container
     additional: dict[str, Any] = dict(slurm.additional)
     if slurm.requeue:
         additional["requeue"] = True
@@ -74,6 +75,17 @@ def build_executor(cfg: MasterConfig, plan: JobPlan, folder: Path, require_slurm
                                signal_delay_s=slurm.signal_delay_s, setup=list(slurm.setup), srun_args=srun_args,
                                additional_parameters=additional, **shared, **_gpu_flags(cfg, trainer.gpus_per_node))
     return executor
+
+
+def plan_components(plan: JobPlan) -> list[str]:
+    """The components whose steps the job runs: the trainer, and the server groups it has."""
+    return ["trainer"] + [role for role in ("rollout", "teacher") if plan.server_group(role) is not None]
+
+
+def write_bundles(cfg: MasterConfig, plan: JobPlan, folder: Path) -> list[Path]:
+    """slurm_oci: each component's bundle in the job folder, before sbatch (servers.py finds them there)."""
+    containers = [step_container(cfg, component, folder) for component in plan_components(plan)]
+    return [write_bundle(c, folder) for c in containers if c is not None and c.runtime == "slurm_oci"]
 
 
 def _flag_overrides(ns: argparse.Namespace) -> list[str]:
@@ -166,11 +178,14 @@ def submit(loaded: LoadedConfig, dry_run: bool, wait: bool, wait_timeout_s: floa
 
         report.problems.append(Problem("data_plane", "--rollout-workers / --workers-only: rollout-worker jobs "
                                        "join a data-plane run; this config has no data_plane section"))
+    folder = job_folder(cfg)
+    problems, notes = preflight_containers(cfg, plan_components(plan), folder)
+    report.problems += problems
+    report.skipped += notes
     report.print("dockyard-submit", loaded.source)
     if report.problems:
         _say("nothing was submitted")
         return EXIT_CONFIG
-    folder = job_folder(cfg)
     if workers_only:
         return submit_workers(loaded, folder, workers, worker_partition, dry_run)
     print(f"plan for {loaded.source} ({plan.total_nodes} nodes):\n{plan.table()}\n"
@@ -192,6 +207,10 @@ def submit(loaded: LoadedConfig, dry_run: bool, wait: bool, wait_timeout_s: floa
     try:
         # sbatch passes this process's environment on: the job finds the config's imports: modules
         os.environ["DOCKYARD_IMPORT_PATH"] = import_folders(Path(loaded.source))
+        os.environ[SUBMIT_DIR_VARIABLE] = str(Path.cwd().absolute())   # the containers' working folder
+        bundles = write_bundles(cfg, plan, folder)
+        if bundles:
+            print(f"OCI bundles (cluster.container.runtime: slurm_oci): {', '.join(map(str, bundles))}", flush=True)
         job = executor.submit(TrainerJob(str(config_path), plan.to_dict(), str(folder)))
     except Exception as err:  # sbatch refused: its message says why (partition, account, limits)
         _say(f"sbatch refused the job: {err}")

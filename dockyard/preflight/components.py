@@ -342,7 +342,8 @@ def backend_installed(cfg: MasterConfig) -> list[Problem]:
     import importlib.util
 
     backend = cfg.policy.generation.backend
-    if cfg.cluster.slurm.container_image:
+    c = cfg.cluster.container
+    if any((getattr(c, part).runtime or c.runtime) != "none" for part in ("trainer", "rollout", "teacher")):
         return []
     problems = []
     if backend == "sglang" and cfg.cluster.gpus_per_node == 0:

@@ -97,6 +97,19 @@ gres="NodeName=node[1-$NODES] Name=gpu File=$STATE/fakedev/nvidia[0-$last_gpu]"
 changed=0
 if [ "$(cat /etc/slurm/slurm.conf 2>/dev/null)" != "$conf" ]; then echo "$conf" >/etc/slurm/slurm.conf; changed=1; fi
 if [ "$(cat /etc/slurm/gres.conf 2>/dev/null)" != "$gres" ]; then echo "$gres" >/etc/slurm/gres.conf; changed=1; fi
+# Slurm's OCI support (srun --container=BUNDLE, cluster.container.runtime: slurm_oci) with runc, in its "run"
+# mode (create/start hangs: runc keeps the output pipe open). `exec` so the step's signals reach runc; read
+# at every step, no restart needed. oci-run.sh adds SLURMD_NODENAME (the nodes here share one host name).
+if command -v runc >/dev/null; then
+  install -m 0755 "$HERE/oci-run.sh" /usr/local/libexec/dockyard-oci-run 2>/dev/null \
+    || { mkdir -p /usr/local/libexec && install -m 0755 "$HERE/oci-run.sh" /usr/local/libexec/dockyard-oci-run; }
+  cat >/etc/slurm/oci.conf <<'OCI'
+RunTimeQuery="runc --root=/run/dockyard-runc state %n.%u.%j.%s.%t"
+RunTimeRun="exec /usr/local/libexec/dockyard-oci-run %n.%u.%j.%s.%t %n %b"
+RunTimeKill="runc --root=/run/dockyard-runc kill -a %n.%u.%j.%s.%t"
+RunTimeDelete="runc --root=/run/dockyard-runc delete --force %n.%u.%j.%s.%t"
+OCI
+fi
 if [ "$ACCOUNTING" = 1 ]; then
   dbd=$(cat <<DBD
 AuthType=auth/munge

@@ -103,8 +103,8 @@ def test_rendered_script_has_one_component_per_group_with_its_resources():
                     "cluster.slurm.account=proj7", "cluster.slurm.qos=high", "cluster.slurm.time=2-00:00:00",
                     "cluster.slurm.constraint=h100", "cluster.slurm.exclusive=true", "cluster.slurm.mem=200G",
                     "cluster.slurm.setup=[module load cuda/12.4,source /opt/venv/bin/activate]",
-                    "cluster.slurm.container_image=/images/dockyard.sqsh",
-                    "cluster.slurm.container_mounts=[/data:/data]", "cluster.slurm.signal_delay_s=300")
+                    "cluster.container.runtime=pyxis", "cluster.container.image=/images/dockyard.sqsh",
+                    "cluster.container.mounts=[/data:/data:ro]", "cluster.slurm.signal_delay_s=300")
     trainer, rollout = sbatch_blocks(script)
     for block in (trainer, rollout):
         for flag in ("--partition=gpu", "--account=proj7", "--qos=high", "--time=2880", "--constraint=h100",
@@ -118,8 +118,11 @@ def test_rendered_script_has_one_component_per_group_with_its_resources():
     assert "module load cuda/12.4" in body and "source /opt/venv/bin/activate" in body
     srun = next(line for line in script.splitlines() if line.startswith("srun "))
     assert "--het-group=0" in srun and "--kill-on-bad-exit=1" in srun
-    assert "--container-image=/images/dockyard.sqsh" in srun and "--container-mounts=/data:/data" in srun
-    assert srun.endswith("-m submitit.core._submit /shared/jobs")
+    assert "--container-image=/images/dockyard.sqsh" in srun and "--container-mounts=/data:/data:ro," in srun
+    # the image's Python runs the trainer task, through the environment filter, started guarded
+    assert ("env --block-signal=USR2 --block-signal=TERM /opt/dockyard/venv/bin/python -m "
+            "dockyard.launch.container_entry --keep=") in srun
+    assert srun.endswith("-- /opt/dockyard/venv/bin/python -u -m submitit.core._submit /shared/jobs")
 
 
 def test_gres_flag_and_a_colocated_job_without_hetjob():

@@ -10,8 +10,8 @@ and preflight/ (what needs the machine: models, datasets, Slurm, outputs). docs/
 
 # imported in this order, the order in which `check` runs the rules and the reference lists them
 from dockyard.config.constraints import batches, placement, distillation, async_loop, data_plane, off_policy  # isort: skip
-from dockyard.config.constraints import precision, generation, outputs, optimizer  # isort: skip
+from dockyard.config.constraints import precision, generation, outputs, optimizer, containers  # isort: skip
 from dockyard.config.constraints.registry import ADVICE, RULES, advise, check
 
 __all__ = ["ADVICE", "RULES", "advise", "check", "batches", "placement", "distillation", "async_loop",
-           "data_plane", "off_policy", "precision", "generation", "outputs", "optimizer"]
+           "data_plane", "off_policy", "precision", "generation", "outputs", "optimizer", "containers"]

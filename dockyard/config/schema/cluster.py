@@ -25,6 +25,41 @@ class TrainerGroup(Section):
     gpus_per_node: Optional[NonNegativeInt] = field(None, "GPUs per node; null uses cluster.gpus_per_node.")
 
 
+ContainerRuntime = Literal["none", "slurm_oci", "pyxis", "apptainer", "charliecloud", "podman"]
+
+
+class ComponentContainer(Section):
+    """One component's departures from cluster.container (null: as there)."""
+
+    runtime: Optional[ContainerRuntime] = field(None, "The runtime of this component's steps.")
+    image: Optional[str] = field(None, "This component's image.")
+    mounts: Optional[list[str]] = field(None, "This component's mounts (replace cluster.container.mounts).")
+    env: Optional[list[str]] = field(None, "This component's passed-in variables (replace cluster.container.env).")
+
+
+class ContainerConfig(Section):
+    """The container every step of the job runs in (docs/slurm.md "Run in a container")."""
+
+    runtime: ContainerRuntime = field("none", "none (the submitting environment's Python), slurm_oci (srun "
+                                      "--container with an OCI bundle), pyxis (srun --container-image), apptainer, "
+                                      "charliecloud (ch-run), podman.")
+    image: Optional[str] = field(None, "What the runtime runs: slurm_oci the image folder `dockyard image build` "
+                                 "wrote (its bundle/), pyxis a .sqsh file or an image reference, apptainer a .sif, "
+                                 "charliecloud an image folder, podman an image name.",
+                                 "Required unless runtime is none.")
+    mounts: list[str] = field([], "SRC:DST[:ro] bind mounts (models, datasets, caches). The submit folder, the job "
+                              "folder, logger.log_dir, checkpointing.checkpoint_dir, the Slurm client's "
+                              "configuration and munge socket are mounted at their own paths without asking.")
+    workdir: Optional[str] = field(None, "Working folder inside; null: the submit folder (mounted at its path).")
+    env: list[str] = field([], "Names of further variables passed in from the step's environment (HF_TOKEN, "
+                           "WANDB_API_KEY, ...). Slurm's, submitit's and dockyard's own always pass; nothing else "
+                           "of the submitter's environment does.")
+    python: str = field("/opt/dockyard/venv/bin/python", "The image's Python with dockyard installed.")
+    trainer: ComponentContainer = field(ComponentContainer, "The trainer component's departures.")
+    rollout: ComponentContainer = field(ComponentContainer, "The rollout component's departures.")
+    teacher: ComponentContainer = field(ComponentContainer, "The teacher component's departures.")
+
+
 class SlurmConfig(Section):
     """Options of the Slurm job dockyard-submit generates (the dockyard-submit flags override them)."""
 
@@ -45,8 +80,6 @@ class SlurmConfig(Section):
     job_name: Optional[str] = field(None, "Job name; null: the config's name.")
     folder: Optional[str] = field(None, "Job folder for scripts, pickles and logs (must be on a filesystem "
                                   "every node sees); null: <logger.log_dir>/slurm.")
-    container_image: Optional[str] = field(None, "Pyxis/enroot image (--container-image) for every srun step.")
-    container_mounts: list[str] = field([], "Pyxis mounts SRC:DST (--container-mounts).")
     setup: list[str] = field([], "Shell lines run in the batch script before the job starts "
                              "(module load ..., source venv/bin/activate, export ...).")
     additional: dict[str, Union[str, int, bool]] = field({}, "Further #SBATCH options for every component, "
@@ -74,3 +107,4 @@ class ClusterConfig(Section):
     rollout_gpus_per_replica: PositiveInt = field(1, "GPUs one generation server uses.",
                                                   "Must divide the rollout GPUs.")
     slurm: SlurmConfig = field(SlurmConfig, "Options of the Slurm job (dockyard-submit).")
+    container: ContainerConfig = field(ContainerConfig, "The container the job's steps run in (dockyard-submit).")

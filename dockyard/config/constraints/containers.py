@@ -1,0 +1,68 @@
+"""cluster.container: what a job whose steps run in a container needs of the config itself (what needs
+the machine, an image that exists or a runtime the cluster offers, is preflight's)."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from dockyard.config import topology
+from dockyard.config.constraints.registry import rule
+from dockyard.config.errors import Problem
+from dockyard.config.schema import MasterConfig
+
+def _present(cfg: MasterConfig) -> list[str]:
+    """The components whose steps this job runs."""
+    present = ["trainer"]
+    if topology.rollout_replicas(cfg) > 0 and cfg.data_plane is None:
+        present.append("rollout")
+    if topology.teacher_servers(cfg):
+        present.append("teacher")
+    return present
+
+
+def parse_mount(text: str) -> tuple[str, str, bool] | None:
+    """SRC[:DST[:ro|rw]] as (source, target, read-only); None when it is not one (absolute paths only)."""
+    parts = text.split(":")
+    if len(parts) == 1:
+        parts = [parts[0], parts[0]]
+    if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] not in ("ro", "rw")) \
+            or not all(p.startswith("/") for p in parts[:2]):
+        return None
+    return parts[0], parts[1], len(parts) == 3 and parts[2] == "ro"
+
+
+def _mount_problems(mounts: list[str], where: str) -> Iterator[Problem]:
+    for text in mounts:
+        if parse_mount(text) is None:
+            yield Problem(where, f"cluster.container: {text!r} is not SRC:DST or SRC:DST:ro with absolute paths")
+
+
+@rule
+def job_container(cfg: MasterConfig) -> Iterator[Problem]:
+    """cluster.container: an image for every component that runs in one; mounts written SRC:DST[:ro] with absolute paths; slurm_oci runs one task per node in a step (trainer ranks and servers per node 1)."""
+    container = cfg.cluster.container
+    yield from _mount_problems(container.mounts, "cluster.container.mounts")
+    said_image = False
+    for component in _present(cfg):
+        own = getattr(container, component)
+        runtime = own.runtime or container.runtime
+        if own.mounts is not None:
+            yield from _mount_problems(own.mounts, f"cluster.container.{component}.mounts")
+        if runtime == "none":
+            continue
+        if not (own.image or container.image):
+            if own.runtime:
+                yield Problem(f"cluster.container.{component}.image",
+                              f"cluster.container: {component} steps run in {runtime}, which needs an image")
+            elif not said_image:
+                said_image = True
+                yield Problem("cluster.container.image", f"cluster.container: runtime {runtime} needs an image")
+        if runtime == "slurm_oci":
+            per_node = topology.trainer_tasks_per_node(cfg) if component == "trainer" else \
+                topology.server_tasks_per_node(cfg, component)
+            if per_node > 1:
+                field = ("cluster.cpu_ranks_per_node" if cfg.cluster.gpus_per_node == 0 else "cluster.gpus_per_node") \
+                    if component == "trainer" else f"cluster.{component}.tasks_per_node"
+                yield Problem(field, f"cluster.container: Slurm's OCI mode runs one task per node in a step, and "
+                                     f"the {component} component has {per_node} per node; use 1 (one rank or "
+                                     "server per node), or another runtime (pyxis, apptainer, podman)")

@@ -1,0 +1,296 @@
+"""cluster.container: every step of the job (trainer tasks, rollout and teacher servers) in a container.
+
+Each runtime gets the same thing to run: the image's Python started guarded (launch/startup_guard.py)
+through `dockyard.launch.container_entry`, which keeps only the variables that belong in the step
+(container_entry.py) and recovers the per-task ones a runtime drops. What differs is how the runtime
+is asked:
+
+    slurm_oci     srun --container=<job folder>/oci/<component>   (a bundle per component, made at submit)
+    pyxis         srun --container-image=IMAGE --container-mounts=... --container-workdir=...
+    apptainer     srun ... apptainer exec --bind ... --pwd ... IMAGE  <command>
+    charliecloud  srun ... ch-run -b SRC:DST ... -c DIR IMAGE -- <command>
+    podman        srun ... <podman_step.sh> run --rm --network=host ... IMAGE <command>
+
+The submit folder, the job folder, the run's log and checkpoint folders, and the Slurm client's
+configuration and munge socket (the driver starts server steps and requeues the job from inside) are
+mounted at their own paths, so every path of the config means the same inside and out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from dockyard.config.constraints.containers import parse_mount
+from dockyard.config.errors import Problem
+from dockyard.config.schema import MasterConfig
+from dockyard.errors import DockyardError
+
+COMPONENTS = ("trainer", "rollout", "teacher")
+# the Slurm client inside talks to slurmctld like the one outside: same configuration, same munge socket
+SLURM_CLIENT_PATHS = ("/etc/slurm", "/run/munge")
+PODMAN_STEP = Path(__file__).with_name("podman_step.sh")
+SUBMIT_DIR_VARIABLE = "DOCKYARD_SUBMIT_DIR"
+
+
+class ContainerError(DockyardError):
+    label = "cluster.container"
+    exit_status = 2
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: str
+    target: str
+    read_only: bool = False
+
+    @classmethod
+    def parse(cls, text: str, where: str) -> "Mount":
+        parsed = parse_mount(text)
+        if parsed is None:
+            raise ContainerError(f"{where}: {text!r} is not SRC:DST or SRC:DST:ro with absolute paths")
+        return cls(*parsed)
+
+    def spec(self) -> str:
+        return f"{self.source}:{self.target}" + (":ro" if self.read_only else "")
+
+
+@dataclass(frozen=True)
+class StepContainer:
+    """How one component's steps run: its runtime, image, mounts, working folder, passed-in names."""
+
+    component: str
+    runtime: str
+    image: str
+    mounts: tuple[Mount, ...]
+    workdir: str
+    env: tuple[str, ...]
+    python: str
+    gpus: bool = False
+
+    # --- what the steps' command lines get ---------------------------------------------------
+
+    def srun_flags(self, job_folder: Path) -> list[str]:
+        """Flags of srun itself (runtimes Slurm drives)."""
+        if self.runtime == "slurm_oci":
+            return [f"--container={bundle_folder(job_folder, self.component)}"]
+        if self.runtime == "pyxis":
+            return [f"--container-image={self.image}",
+                    f"--container-mounts={','.join(m.spec() for m in self.mounts)}",
+                    f"--container-workdir={self.workdir}", "--no-container-mount-home"]
+        return []
+
+    def entry(self, guarded: bool = True) -> list[str]:
+        """Inside the container: the image's Python through the environment filter; a trainer task
+        starts with the stop signals blocked (startup_guard.py), a server does not (it must hear TERM)."""
+        guard = ["env", "--block-signal=USR2", "--block-signal=TERM"] if guarded else []
+        return guard + [self.python, "-m", "dockyard.launch.container_entry", f"--keep={','.join(self.env)}",
+                        f"--name={self.component} in {self.runtime} {self.image}",
+                        *(["--task-from-node"] if self.runtime == "slurm_oci" else []), "--"]
+
+    def wrapper(self) -> list[str]:
+        """The command that starts the container, for runtimes srun does not drive (before entry())."""
+        if self.runtime == "apptainer":
+            # --contain, not --containall: that adds a PID namespace, where the step is PID 1 and a
+            # SIGTERM from scancel or a preemption is ignored
+            binds = [arg for m in self.mounts for arg in ("--bind", m.spec())]
+            return ["apptainer", "exec", "--contain", "--no-home", *(["--nv"] if self.gpus else []), *binds,
+                    "--pwd", self.workdir, self.image]
+        if self.runtime == "charliecloud":
+            # ch-run binds read-write; GPUs need the host's driver libraries injected once (ch-fromhost --nvidia)
+            binds = [f"--bind={m.source}:{m.target}" for m in self.mounts]
+            return ["ch-run", *binds, f"--cd={self.workdir}", "--set-env", self.image, "--"]
+        if self.runtime == "podman":
+            volumes = [arg for m in self.mounts for arg in ("--volume", m.spec())]
+            devices = ["--device", "nvidia.com/gpu=all"] if self.gpus else []   # CDI (nvidia-ctk cdi generate)
+            return [str(PODMAN_STEP), "run", "--rm", "--network=host", "--ipc=host", "--pid=host",
+                    "--ulimit=nofile=20000:20000", "--ulimit=nproc=4096:4096", "--env-host", *devices,
+                    *volumes, "--workdir", self.workdir, self.image]
+        return []
+
+    def server_command(self, argv: list[str]) -> list[str]:
+        """A server step's program (argv[0] a Python, as outside) as it runs in this container; USR2 (the
+        trainer's warning, which Slurm sends every step) ignored from before exec, as outside."""
+        return self.wrapper() + self.entry(guarded=False) + [
+            "bash", "-c", 'trap "" USR2; exec "$@"', "dockyard-server", self.python, *argv[1:]]
+
+    def python_words(self) -> str:
+        """submitit's `python` (a shell word list): the trainer tasks' interpreter, in the container."""
+        return " ".join(shlex.quote(word) for word in self.wrapper() + self.entry() + [self.python])
+
+
+def _merged(cfg, component: str) -> dict:
+    top, own = cfg.cluster.container, getattr(cfg.cluster.container, component)
+    return {key: getattr(own, key) if getattr(own, key) is not None else getattr(top, key)
+            for key in ("runtime", "image", "mounts", "env")}
+
+
+def submit_folder() -> Path:
+    """The folder dockyard-submit ran in; inside the job, where it said it was."""
+    return Path(os.environ.get(SUBMIT_DIR_VARIABLE) or Path.cwd()).absolute()
+
+
+def step_container(cfg, component: str, job_folder: Path | None = None) -> StepContainer | None:
+    """The component's container, or None when its steps run in the submitting environment."""
+    settings = _merged(cfg, component)
+    if settings["runtime"] == "none":
+        return None
+    where = f"cluster.container{'.' + component if getattr(cfg.cluster.container, component).mounts else ''}.mounts"
+    mounts = [Mount.parse(text, where) for text in settings["mounts"]]
+    automatic = [submit_folder(), Path(cfg.logger.log_dir).absolute(),
+                 Path(cfg.checkpointing.checkpoint_dir).absolute()]
+    if job_folder is not None:
+        automatic.append(Path(job_folder).absolute())
+    automatic += [Path(p) for p in SLURM_CLIENT_PATHS if Path(p).exists()]
+    for path in automatic:
+        if not any(_under(str(path), m.target) for m in mounts):
+            mounts.append(Mount(str(path), str(path), read_only=str(path) == "/etc/slurm"))
+    workdir = cfg.cluster.container.workdir or str(submit_folder())
+    return StepContainer(component, settings["runtime"], settings["image"] or "", tuple(mounts), workdir,
+                         tuple(settings["env"]), cfg.cluster.container.python, cfg.cluster.gpus_per_node > 0)
+
+
+def _under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+# --- slurm_oci: a bundle per component --------------------------------------------------------------
+
+
+def bundle_folder(job_folder: Path, component: str) -> Path:
+    return Path(job_folder).absolute() / "oci" / component
+
+
+def image_rootfs(image: str) -> Path:
+    """The root folder of an image folder `dockyard image build` wrote (or of a bundle given directly)."""
+    folder = Path(image)
+    return folder / "bundle" / "rootfs" if (folder / "bundle" / "rootfs").is_dir() else folder / "rootfs"
+
+
+def write_bundle(container: StepContainer, job_folder: Path) -> Path:
+    """The component's OCI bundle for `srun --container`: the image's config.json with this job's mounts
+    and working folder, and its root file system as hard links to the image's (Slurm takes the root
+    from BUNDLE/rootfs only, so one bundle per job; the links cost no space, the root is read-only so
+    the image's files cannot be changed through them)."""
+    source = image_rootfs(container.image)
+    spec = json.loads((source.parent / "config.json").read_text())
+    bundle = bundle_folder(job_folder, container.component)
+    if bundle.exists():
+        shutil.rmtree(bundle)
+    bundle.mkdir(parents=True)
+    made = subprocess.run(["cp", "-al", str(source), str(bundle / "rootfs")], capture_output=True, text=True)
+    if made.returncode != 0:
+        raise ContainerError(f"cannot link the image's root {source} into {bundle} ({made.stderr.strip()}): the "
+                             "job folder (cluster.slurm.folder) must be on the image's file system")
+    spec["root"] = {"path": "rootfs", "readonly": True}
+    process = spec.setdefault("process", {})
+    process["cwd"] = container.workdir
+    process["terminal"] = False
+    spec["mounts"] = [m for m in spec.get("mounts", []) if m.get("destination") not in
+                      {mount.target for mount in container.mounts}]
+    # the root is read-only: scratch space where programs expect it
+    spec["mounts"] += [{"destination": path, "type": "tmpfs", "source": "tmpfs",
+                        "options": ["nosuid", "nodev", "mode=1777"]} for path in ("/tmp", "/var/tmp")]
+    spec["mounts"] += [{"destination": m.target, "type": "bind", "source": m.source,
+                        "options": ["rbind", "ro" if m.read_only else "rw"]} for m in container.mounts]
+    (bundle / "config.json").write_text(json.dumps(spec, indent=1))
+    return bundle
+
+
+# --- preflight: before the queue ------------------------------------------------------------------
+
+TIMEOUT_S = 30
+
+
+def _oci_conf() -> Path:
+    conf = os.environ.get("SLURM_CONF")
+    return (Path(conf).parent if conf else Path("/etc/slurm")) / "oci.conf"
+
+
+def _srun_has_pyxis() -> bool:
+    try:
+        out = subprocess.run(["srun", "--help"], capture_output=True, text=True, timeout=TIMEOUT_S).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "--container-image" in out
+
+
+def runtime_problem(runtime: str) -> str | None:
+    """Why the cluster (as this submit host sees it) does not offer the runtime, or None."""
+    if runtime == "slurm_oci" and not _oci_conf().is_file():
+        return f"Slurm's OCI support is not configured: no {_oci_conf()} (slurm/dev-cluster/start.sh writes one)"
+    if runtime == "pyxis" and not _srun_has_pyxis():
+        return "srun has no --container-image option: the pyxis plugin is not installed on this cluster"
+    tools = {"apptainer": ("apptainer", "singularity"), "charliecloud": ("ch-run",), "podman": ("podman",)}
+    if runtime in tools and not any(shutil.which(tool) for tool in tools[runtime]):
+        return f"{' / '.join(tools[runtime])} is not on this host's PATH"
+    return None
+
+
+def image_problem(runtime: str, image: str) -> str | None:
+    """Why the image cannot be used, or None (a registry reference pyxis pulls itself is not checked)."""
+    if runtime == "slurm_oci":
+        rootfs = image_rootfs(image)
+        if not (rootfs.is_dir() and (rootfs.parent / "config.json").is_file()):
+            return (f"{image} is not an image folder of `dockyard image build` (no bundle/config.json and "
+                    "bundle/rootfs) nor an OCI bundle")
+        if not os.access(rootfs, os.R_OK | os.X_OK):
+            return f"{rootfs} cannot be read by this user"
+        return None
+    if runtime == "podman":
+        try:
+            found = subprocess.run(["podman", "--runtime", "runc", "image", "exists", image], capture_output=True,
+                                   timeout=TIMEOUT_S).returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            found = False
+        return None if found else f"podman has no image {image} (dockyard image build makes localhost/dockyard:<key>)"
+    looks_like_path = image.startswith(("/", "./", "../")) or image.endswith((".sqsh", ".sif"))
+    if runtime == "pyxis" and not looks_like_path:
+        return None
+    path = Path(image)
+    if not path.exists():
+        return f"{image} does not exist"
+    if not os.access(path, os.R_OK):
+        return f"{image} cannot be read by this user"
+    return None
+
+
+def preflight_containers(cfg: MasterConfig, components: list[str], job_folder: Path) -> tuple[list[Problem], list[str]]:
+    problems: list[Problem] = []
+    notes: list[str] = []
+    checked_runtimes: set[str] = set()
+    for component in components:
+        try:
+            container = step_container(cfg, component, job_folder)
+        except ContainerError as err:
+            problems.append(Problem("cluster.container.mounts", str(err)))
+            continue
+        if container is None:
+            continue
+        own = getattr(cfg.cluster.container, component)
+        field = f"cluster.container.{component}" if own.runtime or own.image else "cluster.container"
+        if container.runtime not in checked_runtimes:
+            checked_runtimes.add(container.runtime)
+            why = runtime_problem(container.runtime)
+            if why:
+                problems.append(Problem(f"{field}.runtime", f"{container.runtime}: {why}"))
+        why = image_problem(container.runtime, container.image)
+        if why:
+            problems.append(Problem(f"{field}.image", why))
+        mounts_field = f"cluster.container.{component}.mounts" if own.mounts is not None else "cluster.container.mounts"
+        for mount in container.mounts:
+            if not Path(mount.source).exists() and mount.source != str(job_folder.absolute()):
+                problems.append(Problem(mounts_field, f"{mount.spec()}: the source {mount.source} does not exist"))
+        model = Path(cfg.policy.model_name)
+        if model.is_absolute() and model.exists() and not any(
+                str(model) == m.target or str(model).startswith(m.target.rstrip("/") + "/") for m in container.mounts):
+            problems.append(Problem(mounts_field, f"policy.model_name {model} is under no mount of the {component} "
+                                    f"container: add {model.parent}:{model.parent}:ro (or a folder above it)"))
+    if "pyxis" in checked_runtimes or "apptainer" in checked_runtimes:
+        notes.append("pyxis / apptainer images: checked only as files here; the runtime reads them on the nodes")
+    return problems, notes

@@ -1,0 +1,112 @@
+"""cluster.container's command lines for the runtimes that cannot run on this machine (pyxis + enroot,
+Apptainer, Charliecloud: no Debian or PyPI package), checked against each tool's documented options, and
+the container entry's environment filter (it runs in every runtime)."""
+
+import pytest
+
+from dockyard.config import load_config
+from dockyard.launch.container_entry import main as entry_main, step_environment
+from dockyard.launch.containers import step_container
+
+PYTHON = "/opt/dockyard/venv/bin/python"
+SERVE = ["/home/u/.venv/bin/python", "-m", "dockyard.generation.server", "--model", "/models/m"]
+
+
+def container(runtime: str, *overrides: str, component: str = "rollout", job="/shared/jobs"):
+    cfg = load_config("grpo_tiny.yaml", [f"cluster.container.runtime={runtime}", "cluster.container.image=/img/d.sif",
+                                         "cluster.container.mounts=[/models:/models:ro,/scratch/hf:/root/.cache/hf]",
+                                         "cluster.container.env=[HF_TOKEN]", "logger.log_dir=/shared/run/logs",
+                                         "checkpointing.checkpoint_dir=/shared/run/ckpt", *overrides]).config
+    return step_container(cfg, component, job)
+
+
+def test_apptainer_exec_binds_the_mounts_and_the_runs_folders_and_keeps_the_host_pid_namespace(monkeypatch):
+    monkeypatch.setenv("DOCKYARD_SUBMIT_DIR", "/shared/work")
+    command = container("apptainer").server_command(SERVE)
+    # apptainer exec [options] IMAGE COMMAND: --bind src:dest[:ro], --pwd, --contain, --no-home
+    assert command[:4] == ["apptainer", "exec", "--contain", "--no-home"]
+    binds = [command[i + 1] for i, word in enumerate(command) if word == "--bind"]
+    assert binds[:2] == ["/models:/models:ro", "/scratch/hf:/root/.cache/hf"]
+    assert {"/shared/work:/shared/work", "/shared/run/logs:/shared/run/logs", "/shared/run/ckpt:/shared/run/ckpt",
+            "/shared/jobs:/shared/jobs"} <= set(binds)
+    assert "--containall" not in command and "--pid" not in command   # the step must not be PID 1
+    image = command.index("/img/d.sif")
+    assert command[image - 2:image] == ["--pwd", "/shared/work"]
+    assert command[image + 1:image + 3] == [PYTHON, "-m"]   # a server is not started guarded: it must hear TERM
+    assert command[-8:] == ["bash", "-c", 'trap "" USR2; exec "$@"', "dockyard-server", PYTHON, *SERVE[1:]][-8:]
+    gpu = container("apptainer", "cluster.gpus_per_node=1").server_command(SERVE)
+    assert "--nv" in gpu
+
+
+def test_charliecloud_ch_run_binds_and_keeps_the_environment_for_the_entry_to_filter(monkeypatch):
+    monkeypatch.setenv("DOCKYARD_SUBMIT_DIR", "/shared/work")
+    words = container("charliecloud", "cluster.container.image=/img/dockyard", component="trainer").python_words()
+    # ch-run [OPTION...] IMAGE -- CMD [ARG...]: -b/--bind=SRC[:DST], -c/--cd=DIR, --set-env (the image's)
+    assert words.startswith("ch-run --bind=/models:/models --bind=/scratch/hf:/root/.cache/hf ")
+    assert "--cd=/shared/work --set-env /img/dockyard -- env --block-signal=USR2 --block-signal=TERM " + PYTHON in words
+    assert "--unset-env" not in words   # Slurm's variables must reach the entry
+    assert words.endswith("--keep=HF_TOKEN '--name=trainer in charliecloud /img/dockyard' -- " + PYTHON)
+
+
+def test_pyxis_flags_are_srun_options_and_the_trainer_task_runs_the_images_python(monkeypatch):
+    monkeypatch.setenv("DOCKYARD_SUBMIT_DIR", "/shared/work")
+    step = container("pyxis", "cluster.container.image=/img/dockyard.sqsh", component="trainer")
+    flags = step.srun_flags("/shared/jobs")
+    # pyxis: --container-image=PATH|IMAGE, --container-mounts=SRC:DST[:FLAGS][,...], --container-workdir=PATH
+    assert flags[0] == "--container-image=/img/dockyard.sqsh"
+    assert flags[1].startswith("--container-mounts=/models:/models:ro,/scratch/hf:/root/.cache/hf,/shared/work:")
+    assert "--container-workdir=/shared/work" in flags and "--no-container-mount-home" in flags
+    assert step.wrapper() == []
+    assert step.python_words().startswith("env --block-signal=USR2 --block-signal=TERM " + PYTHON)
+
+
+def test_podman_steps_go_through_the_wrapper_that_removes_the_container(monkeypatch):
+    monkeypatch.setenv("DOCKYARD_SUBMIT_DIR", "/shared/work")
+    command = container("podman", "cluster.container.image=localhost/dockyard:abc").server_command(SERVE)
+    assert command[0].endswith("dockyard/launch/podman_step.sh") and command[1] == "run"
+    assert "--network=host" in command and "--pid=host" in command and "--rm" in command
+    assert command[command.index("--workdir") + 1] == "/shared/work"
+    assert "/models:/models:ro" in command
+
+
+def test_a_mount_that_is_not_src_dst_is_refused_by_name():
+    from dockyard.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"cluster.container.rollout.mounts: cluster.container: 'models' is not"):
+        load_config("grpo_tiny.yaml", ["cluster.container.runtime=apptainer", "cluster.container.image=/i.sif",
+                                       "cluster.container.rollout.mounts=[models]"])
+
+
+def test_the_entry_keeps_the_steps_variables_and_drops_the_submitters_environment():
+    submitter = {"PATH": "/home/u/.venv/bin:/usr/bin", "PYTHONPATH": "/home/u/dockyard", "VIRTUAL_ENV": "/home/u/.venv",
+                 "LD_LIBRARY_PATH": "/opt/cuda/lib", "HF_TOKEN": "t", "WANDB_API_KEY": "w", "SLURM_JOB_ID": "7",
+                 "SUBMITIT_FOLDER": "/j", "DOCKYARD_CONFIG": "/c.yaml", "USER": "u", "HOME": "/nonexistent-home",
+                 "SLURM_PROCID": "1"}
+    env = step_environment(submitter, {"HF_TOKEN"}, PYTHON)
+    assert env["PATH"].startswith("/opt/dockyard/venv/bin:") and "/home/u" not in env["PATH"]
+    for gone in ("PYTHONPATH", "LD_LIBRARY_PATH", "WANDB_API_KEY"):
+        assert gone not in env
+    assert env["HF_TOKEN"] == "t" and env["SLURM_JOB_ID"] == "7" and env["DOCKYARD_CONFIG"] == "/c.yaml"
+    assert env["HOME"] == "/tmp"   # the submitter's home is not there to write caches to
+
+
+def test_the_entry_recovers_the_task_variables_slurms_oci_mode_drops():
+    # in a batch job the batch step's task variables arrive: 0 whatever the node
+    step = {"SLURM_STEP_NODELIST": "node[1-2],gpu7", "SLURMD_NODENAME": "gpu7", "SLURM_JOB_GPUS": "0,1",
+            "SLURM_PROCID": "0", "SLURM_NODEID": "0", "SLURM_LOCALID": "0"}
+    assert step_environment(step, set(), PYTHON)["SLURM_PROCID"] == "0"   # other runtimes pass them right
+    env = step_environment(step, set(), PYTHON, task_from_node=True)
+    assert (env["SLURM_PROCID"], env["SLURM_NODEID"], env["SLURM_LOCALID"]) == ("2", "2", "0")
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1" and env["SLURM_STEP_NUM_TASKS"] == "3"
+
+
+def test_the_entry_names_a_node_it_cannot_place(capsys):
+    import os
+
+    os.environ.pop("SLURM_PROCID", None)
+    os.environ["SLURM_STEP_NODELIST"], os.environ["SLURMD_NODENAME"] = "node[1-2]", "elsewhere"
+    try:
+        assert entry_main(["--keep=", "--", "/bin/true"]) == 2
+    finally:
+        del os.environ["SLURM_STEP_NODELIST"], os.environ["SLURMD_NODENAME"]
+    assert "this node (elsewhere) is not in SLURM_STEP_NODELIST node[1-2]" in capsys.readouterr().err

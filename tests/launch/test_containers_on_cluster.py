@@ -1,0 +1,81 @@
+"""Jobs in containers on the real dev cluster: the dockyard image built here without a registry
+(`dockyard image build`), and grpo_tiny as a het job whose every step runs in it through Slurm's OCI
+support (`srun --container`, runc; slurm/dev-cluster/start.sh configures it)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from tests.launch.conftest import metrics, run_submit
+from tests.launch.test_submit_on_cluster import job_id_of
+
+# built once per machine and source tree (the key hashes what goes in): CI builds it once per run
+IMAGES = Path(os.environ.get("DOCKYARD_TEST_IMAGES", "/var/tmp/dockyard-test-images"))
+IMAGE_PYTHON = "/opt/dockyard/venv/bin/python"
+
+
+@pytest.fixture(scope="session")
+def dockyard_image() -> Path:
+    if shutil.which("podman") is None or shutil.which("runc") is None:
+        pytest.skip("podman and runc are not installed (tools/install.sh installs them)")
+    result = subprocess.run([sys.executable, "-m", "dockyard.cli", "image", "build", "--output", str(IMAGES)],
+                            capture_output=True, text=True, timeout=1800, cwd=REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+    folder = Path(result.stdout.strip().splitlines()[-1])
+    assert (folder / "bundle" / "rootfs" / IMAGE_PYTHON.lstrip("/")).exists()
+    return folder
+
+
+def container_overrides(image: Path, model: Path, runtime: str = "slurm_oci") -> list[str]:
+    return [f"cluster.container.runtime={runtime}", f"cluster.container.image={image}",
+            f"cluster.container.mounts=[{model.parent}:{model.parent}:ro]"]
+
+
+def test_grpo_tiny_runs_as_a_het_job_every_step_in_the_image(slurm_cluster, dockyard_image, tmp_path, tiny_model):
+    """Trainer tasks on two nodes and the rollout server on a third, all inside the image (its own Python,
+    which the host does not have), each knowing its node and rank although Slurm's OCI mode passes no
+    per-task variable; the run trains as the .venv run of the same config does."""
+    inside = tmp_path / "container"
+    result = run_submit(inside, tiny_model, "--nodes", "3", "--wait", *container_overrides(dockyard_image, tiny_model),
+                        timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not Path(IMAGE_PYTHON).exists()   # so a step that ran it ran in the image
+    job = job_id_of(result.stdout)
+    folder = inside / "slurm"
+    said = {path.name: path.read_text() for path in folder.glob(f"{job}*") if path.suffix in (".err", ".log")}
+    trainer = [said[f"{job}_{rank}_log.err"] for rank in (0, 1)]
+    server = said[f"{job}.0_rollout0_node3.log"]
+    assert f"dockyard: container: trainer in slurm_oci {dockyard_image}; {IMAGE_PYTHON}; node node1 task 0" in trainer[0]
+    assert "trainer rank 0/2 on node1" in trainer[0] and "trainer rank 1/2 on node2" in trainer[1]
+    assert f"container: trainer in slurm_oci {dockyard_image}; {IMAGE_PYTHON}; node node2 task 1" in trainer[1]
+    assert f"dockyard: container: rollout in slurm_oci {dockyard_image}; {IMAGE_PYTHON}; node node3" in server
+    assert "serving on 0.0.0.0" in server
+    # the submitter's PYTHONPATH (this checkout) stayed outside: the image's dockyard ran
+    assert str(REPO) not in "".join(trainer)
+    steps = metrics(inside)
+    assert [m["step"] for m in steps] == [1, 2, 3, 4]
+
+    outside = tmp_path / "venv"
+    plain = run_submit(outside, tiny_model, "--nodes", "3", "--wait", timeout=900)
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    assert steps[0]["train/loss"] == metrics(outside)[0]["train/loss"]
+
+
+def test_a_missing_image_runtime_or_mount_is_refused_before_the_queue(slurm_cluster, tmp_path, tiny_model):
+    overrides = container_overrides(tmp_path / "no-image", tiny_model) + ["cluster.container.rollout.mounts=[/nowhere:/data]"]
+    result = run_submit(tmp_path, tiny_model, "--nodes", "3", *overrides)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "cluster.container.image: " in result.stderr and "is not an image folder of `dockyard image build`" in result.stderr
+    assert "cluster.container.rollout.mounts: /nowhere:/data: the source /nowhere does not exist" in result.stderr
+    assert "nothing was submitted" in result.stderr and "Traceback" not in result.stderr
+    for runtime, why in (("charliecloud", "ch-run is not on this host's PATH"),
+                         ("pyxis", "srun has no --container-image option")):
+        result = run_submit(tmp_path, tiny_model, "--nodes", "3", f"cluster.container.runtime={runtime}",
+                            f"cluster.container.image={tmp_path}")
+        assert result.returncode == 2 and why in result.stderr, result.stderr
