@@ -32,11 +32,11 @@ def _sacct_start(job: str) -> float | None:
     return None
 
 
-def one_run(config: str, nodes: int, timeout_s: float) -> dict[str, float]:
+def one_run(config: str, nodes: int, timeout_s: float, extra: tuple[str, ...] = ()) -> dict[str, float]:
     folder = Path(tempfile.mkdtemp(prefix="dockyard-latency-"))
     t0 = time.time()
     process = subprocess.Popen([sys.executable, "-c", "import sys; from dockyard.cli import submit_main; sys.exit(submit_main())", "--config", config, "--nodes",
-                                str(nodes), f"models_dir={REPO / 'models'}", f"cluster.slurm.folder={folder}/slurm"],
+                                str(nodes), f"models_dir={REPO / 'models'}", f"cluster.slurm.folder={folder}/slurm", *extra],
                                cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = process.communicate(timeout=120)
     if process.returncode != 0:

@@ -383,10 +383,41 @@ def build_parser() -> argparse.ArgumentParser:
     image_build.add_argument("--force", action="store_true", help="build even when the cache has it")
     image_build.set_defaults(func=cmd_image_build)
 
+    step = sub.add_parser("container-step", help="for hand-written sbatch scripts (slurm/trainer_step.sh): one word per "
+                          "line of what a component's step needs for cluster.container (nothing when it runs in none)")
+    _add_config_args(step)
+    step.add_argument("--folder", required=True, metavar="DIR", help="the job folder (slurm_oci bundles go there)")
+    step.add_argument("--component", default="trainer", choices=["trainer", "rollout", "teacher"])
+    step.add_argument("--part", required=True, choices=["srun-flags", "command"],
+                      help="srun-flags: srun's own options (writes the slurm_oci bundle); command: the words before "
+                      "the step's Python arguments, the image's Python last")
+    step.add_argument("overrides", nargs="*", metavar="OVERRIDE", help="Hydra overrides")
+    step.set_defaults(func=cmd_container_step)
+
     listing = sub.add_parser("list", help="print the component catalog by kind")
     listing.add_argument("kind", nargs="?", help="only this kind")
     listing.set_defaults(func=cmd_list)
     return parser
+
+
+def cmd_container_step(ns) -> int:
+    from dockyard.launch.containers import step_container, write_bundle
+
+    loaded = _load(ns, "container-step")
+    if loaded is None:
+        return 2
+    folder = Path(ns.folder)
+    container = step_container(loaded.config, ns.component, folder)
+    if container is None:
+        return 0
+    if ns.part == "srun-flags":
+        if container.runtime == "slurm_oci":
+            write_bundle(container, folder)
+        words = container.srun_flags(folder)
+    else:
+        words = container.wrapper() + container.entry() + [container.python]
+    print("\n".join(words))
+    return 0
 
 
 def cmd_image_build(ns) -> int:

@@ -29,8 +29,16 @@ trap 'echo "dockyard batch: SIGTERM received; waiting for the trainer to save" >
 # is still importing stays pending until dockyard handles it, instead of killing the task.
 guard=()
 if env --block-signal=USR2 true 2>/dev/null; then guard=(env --block-signal=USR2 --block-signal=TERM); fi
-srun --het-group=0 --kill-on-bad-exit=1 \
-  "${guard[@]}" "$PYTHON" "$HOME_DIR/$ENTRY" --slurm --config "$FOLDER/config.yaml" --folder "$FOLDER" &
+run=("${guard[@]}" "$PYTHON")
+# cluster.container (docs/slurm.md "Run in a container"): srun's options for the runtime (slurm_oci: the
+# bundle is written into $FOLDER now) and the words that start the step in the image, its Python last
+flags=()
+text=$("$PYTHON" -m dockyard.cli container-step --config "$FOLDER/config.yaml" --folder "$FOLDER" --part srun-flags)
+[ -z "$text" ] || mapfile -t flags <<<"$text"
+text=$("$PYTHON" -m dockyard.cli container-step --config "$FOLDER/config.yaml" --folder "$FOLDER" --part command)
+[ -z "$text" ] || mapfile -t run <<<"$text"
+srun --het-group=0 --kill-on-bad-exit=1 "${flags[@]}" \
+  "${run[@]}" "$HOME_DIR/$ENTRY" --slurm --config "$FOLDER/config.yaml" --folder "$FOLDER" &
 trainer=$!
 status=0
 wait "$trainer" || status=$?

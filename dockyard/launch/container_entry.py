@@ -21,6 +21,8 @@ import os
 import socket
 import sys
 
+from dockyard.errors import DockyardError
+
 ALWAYS_PREFIXES = ("SLURM_", "SLURMD_", "SUBMITIT_", "DOCKYARD_", "PMI_", "PMIX_", "OMPI_")
 ALWAYS = {"USER", "LOGNAME", "HOME", "LANG", "LC_ALL", "TERM", "TZ", "CUDA_VISIBLE_DEVICES",
           "NVIDIA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT",
@@ -28,8 +30,9 @@ ALWAYS = {"USER", "LOGNAME", "HOME", "LANG", "LC_ALL", "TERM", "TZ", "CUDA_VISIB
 IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-class EntryError(Exception):
-    pass
+class EntryError(DockyardError):
+    label = "container entry"
+    exit_status = 2
 
 
 def step_environment(environ: dict[str, str], keep: set[str], python: str, task_from_node: bool = False
@@ -88,7 +91,7 @@ def main(argv: list[str]) -> int:
         return 2
     env["DOCKYARD_CONTAINER"] = name
     # one line per step in its log: which container, which Python, which task (checked by the tests)
-    print(f"dockyard: container: {name}; {program[0]}; node {env.get('SLURMD_NODENAME', '?')} task "
+    print(f"dockyard: container: {name}; {sys.executable}; node {env.get('SLURMD_NODENAME', '?')} task "
           f"{env.get('SLURM_PROCID', '?')}", file=sys.stderr, flush=True)
     os.execvpe(program[0], program, env)
 

@@ -28,12 +28,15 @@ from pathlib import Path
 
 from dockyard.config.constraints.containers import parse_mount
 from dockyard.config.errors import Problem
+from dockyard.config.field_reads import ENV as FIELD_READS
 from dockyard.config.schema import MasterConfig
 from dockyard.errors import DockyardError
 
 COMPONENTS = ("trainer", "rollout", "teacher")
 # the Slurm client inside talks to slurmctld like the one outside: same configuration, same munge socket
 SLURM_CLIENT_PATHS = ("/etc/slurm", "/run/munge")
+HOST_FILES = ("/etc/hosts", "/etc/resolv.conf", "/etc/passwd", "/etc/group")
+READ_ONLY = {"/etc/slurm", *HOST_FILES}
 PODMAN_STEP = Path(__file__).with_name("podman_step.sh")
 SUBMIT_DIR_VARIABLE = "DOCKYARD_SUBMIT_DIR"
 
@@ -147,9 +150,15 @@ def step_container(cfg, component: str, job_folder: Path | None = None) -> StepC
     if job_folder is not None:
         automatic.append(Path(job_folder).absolute())
     automatic += [Path(p) for p in SLURM_CLIENT_PATHS if Path(p).exists()]
+    if settings["runtime"] == "slurm_oci":
+        # runc binds nothing of the host's own (podman, apptainer and enroot bind these): node names must
+        # resolve inside as outside (the driver reaches its servers by node name), the job's user be known
+        automatic += [Path(p) for p in HOST_FILES if Path(p).exists()]
+    if os.environ.get(FIELD_READS):   # the suite's record of which settings the code reads, kept inside too
+        automatic.append(Path(os.environ[FIELD_READS]))
     for path in automatic:
         if not any(_under(str(path), m.target) for m in mounts):
-            mounts.append(Mount(str(path), str(path), read_only=str(path) == "/etc/slurm"))
+            mounts.append(Mount(str(path), str(path), read_only=str(path) in READ_ONLY))
     workdir = cfg.cluster.container.workdir or str(submit_folder())
     return StepContainer(component, settings["runtime"], settings["image"] or "", tuple(mounts), workdir,
                          tuple(settings["env"]), cfg.cluster.container.python, cfg.cluster.gpus_per_node > 0)
@@ -191,8 +200,12 @@ def write_bundle(container: StepContainer, job_folder: Path) -> Path:
     process = spec.setdefault("process", {})
     process["cwd"] = container.workdir
     process["terminal"] = False
+    # the host's /dev/shm, not a fresh one: steps on one node hand weights over through it (refit by
+    # shared memory, as outside)
     spec["mounts"] = [m for m in spec.get("mounts", []) if m.get("destination") not in
-                      {mount.target for mount in container.mounts}]
+                      {mount.target for mount in container.mounts} | {"/dev/shm"}]
+    spec["mounts"].append({"destination": "/dev/shm", "type": "bind", "source": "/dev/shm",
+                           "options": ["rbind", "rw", "nosuid", "nodev"]})
     # the root is read-only: scratch space where programs expect it
     spec["mounts"] += [{"destination": path, "type": "tmpfs", "source": "tmpfs",
                         "options": ["nosuid", "nodev", "mode=1777"]} for path in ("/tmp", "/var/tmp")]

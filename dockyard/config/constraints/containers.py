@@ -13,9 +13,9 @@ from dockyard.config.schema import MasterConfig
 def _present(cfg: MasterConfig) -> list[str]:
     """The components whose steps this job runs."""
     present = ["trainer"]
-    if topology.rollout_replicas(cfg) > 0 and cfg.data_plane is None:
+    if cfg.data_plane is None and cfg.sft is None:   # a data-plane trainer job and SFT start no rollout servers
         present.append("rollout")
-    if topology.teacher_servers(cfg):
+    if cfg.on_policy_distillation is not None:
         present.append("teacher")
     return present
 
