@@ -154,6 +154,8 @@ def step_container(cfg, component: str, job_folder: Path | None = None) -> StepC
         # runc binds nothing of the host's own (podman, apptainer and enroot bind these): node names must
         # resolve inside as outside (the driver reaches its servers by node name), the job's user be known
         automatic += [Path(p) for p in HOST_FILES if Path(p).exists()]
+    # where the config's `imports:` modules are found (its folder, the submit folder): visible inside too
+    automatic += [Path(f) for f in os.environ.get("DOCKYARD_IMPORT_PATH", "").split(os.pathsep) if f and Path(f).is_dir()]
     if os.environ.get(FIELD_READS):   # the suite's record of which settings the code reads, kept inside too
         automatic.append(Path(os.environ[FIELD_READS]))
     for path in automatic:

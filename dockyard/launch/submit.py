@@ -179,6 +179,10 @@ def submit(loaded: LoadedConfig, dry_run: bool, wait: bool, wait_timeout_s: floa
         report.problems.append(Problem("data_plane", "--rollout-workers / --workers-only: rollout-worker jobs "
                                        "join a data-plane run; this config has no data_plane section"))
     folder = job_folder(cfg)
+    # sbatch passes this process's environment on: the job finds the config's imports: modules, and the
+    # containers' mounts and working folder are rendered from these
+    os.environ["DOCKYARD_IMPORT_PATH"] = import_folders(Path(loaded.source))
+    os.environ[SUBMIT_DIR_VARIABLE] = str(Path.cwd().absolute())
     problems, notes = preflight_containers(cfg, plan_components(plan), folder)
     report.problems += problems
     report.skipped += notes
@@ -205,9 +209,6 @@ def submit(loaded: LoadedConfig, dry_run: bool, wait: bool, wait_timeout_s: floa
     Path(cfg.logger.log_dir).mkdir(parents=True, exist_ok=True)
     (Path(cfg.logger.log_dir) / "config.yaml").write_text(loaded.to_yaml())
     try:
-        # sbatch passes this process's environment on: the job finds the config's imports: modules
-        os.environ["DOCKYARD_IMPORT_PATH"] = import_folders(Path(loaded.source))
-        os.environ[SUBMIT_DIR_VARIABLE] = str(Path.cwd().absolute())   # the containers' working folder
         bundles = write_bundles(cfg, plan, folder)
         if bundles:
             print(f"OCI bundles (cluster.container.runtime: slurm_oci): {', '.join(map(str, bundles))}", flush=True)

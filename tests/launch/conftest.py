@@ -55,3 +55,33 @@ TWO_VLLM = ("generation=vllm", "cluster.rollout.tasks_per_node=2", "policy.gener
 def metrics(workdir: Path) -> list[dict]:
     path = workdir / "runs" / "grpo_tiny" / "logs" / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+# built once per machine and source tree (the key hashes what goes in): CI builds it once per run
+IMAGES = Path(os.environ.get("DOCKYARD_TEST_IMAGES", "/var/tmp/dockyard-test-images"))
+IMAGE_PYTHON = "/opt/dockyard/venv/bin/python"
+
+
+@pytest.fixture(scope="session")
+def dockyard_image() -> Path:
+    if shutil.which("podman") is None or shutil.which("runc") is None:
+        why = "podman and runc are not installed (tools/install.sh installs them)"
+        if os.environ.get("DOCKYARD_REQUIRE_SLURM") == "1":
+            pytest.fail(f"DOCKYARD_REQUIRE_SLURM=1 but the container tests cannot run: {why}")
+        pytest.skip(why)
+    result = subprocess.run([sys.executable, "-m", "dockyard.cli", "image", "build", "--output", str(IMAGES)],
+                            capture_output=True, text=True, timeout=1800, cwd=REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+    folder = Path(result.stdout.strip().splitlines()[-1])
+    assert (folder / "bundle" / "rootfs" / IMAGE_PYTHON.lstrip("/")).exists()
+    for old in IMAGES.iterdir():   # images of earlier source trees: 2-3 GB each
+        if old.name not in (folder.name, "latest") and old.is_dir():
+            subprocess.run(["podman", "--runtime", "runc", "rmi", "-f", f"localhost/dockyard:{old.name}"],
+                           capture_output=True)
+            shutil.rmtree(old, ignore_errors=True)
+    return folder
+
+
+def container_overrides(image: Path, model: Path, runtime: str = "slurm_oci") -> list[str]:
+    return [f"cluster.container.runtime={runtime}", f"cluster.container.image={image}",
+            f"cluster.container.mounts=[{model.parent}:{model.parent}:ro]"]

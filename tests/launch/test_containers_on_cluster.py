@@ -2,44 +2,12 @@
 (`dockyard image build`), and grpo_tiny as a het job whose every step runs in it through Slurm's OCI
 support (`srun --container`, runc; slurm/dev-cluster/start.sh configures it)."""
 
-import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import REPO
-from tests.launch.conftest import metrics, run_submit
+from tests.launch.conftest import IMAGE_PYTHON, container_overrides, metrics, run_submit
 from tests.launch.test_submit_on_cluster import job_id_of
 
-# built once per machine and source tree (the key hashes what goes in): CI builds it once per run
-IMAGES = Path(os.environ.get("DOCKYARD_TEST_IMAGES", "/var/tmp/dockyard-test-images"))
-IMAGE_PYTHON = "/opt/dockyard/venv/bin/python"
-
-
-@pytest.fixture(scope="session")
-def dockyard_image() -> Path:
-    if shutil.which("podman") is None or shutil.which("runc") is None:
-        pytest.skip("podman and runc are not installed (tools/install.sh installs them)")
-    result = subprocess.run([sys.executable, "-m", "dockyard.cli", "image", "build", "--output", str(IMAGES)],
-                            capture_output=True, text=True, timeout=1800, cwd=REPO)
-    assert result.returncode == 0, result.stdout + result.stderr
-    folder = Path(result.stdout.strip().splitlines()[-1])
-    assert (folder / "bundle" / "rootfs" / IMAGE_PYTHON.lstrip("/")).exists()
-    for old in IMAGES.iterdir():   # images of earlier source trees: 2-3 GB each
-        if old.name not in (folder.name, "latest") and old.is_dir():
-            subprocess.run(["podman", "--runtime", "runc", "rmi", "-f", f"localhost/dockyard:{old.name}"],
-                           capture_output=True)
-            shutil.rmtree(old, ignore_errors=True)
-    return folder
-
-
-def container_overrides(image: Path, model: Path, runtime: str = "slurm_oci") -> list[str]:
-    return [f"cluster.container.runtime={runtime}", f"cluster.container.image={image}",
-            f"cluster.container.mounts=[{model.parent}:{model.parent}:ro]"]
 
 
 def test_grpo_tiny_runs_as_a_het_job_every_step_in_the_image(slurm_cluster, dockyard_image, tmp_path, tiny_model):

@@ -15,7 +15,7 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from dockyard.waiting import wait_until
-from tests.launch.conftest import run_submit
+from tests.launch.conftest import container_overrides, run_submit
 from tests.launch.holding import hold_after, hold_overrides, is_holding, release
 
 STEPS = 30
@@ -141,6 +141,32 @@ def test_preempted_then_requeued_run_ends_bitwise_equal_to_an_uninterrupted_one(
     weights = final_weights(tmp_path, STEPS)
     assert weights.keys() == uninterrupted.keys()
     for name in weights:
+        assert torch.equal(weights[name], uninterrupted[name]), name
+
+
+def test_a_run_in_the_image_preempted_then_requeued_ends_bitwise_equal_to_an_uninterrupted_venv_run(
+        uninterrupted, dockyard_image, tmp_path, tiny_model):
+    """Every step in the dockyard image (Slurm's OCI mode): USR2 reaches the trainer twice (Slurm and runc
+    both forward it) and it saves once; the checkpoints are on the mounted run folder, so the requeued
+    containers resume from them, and the run ends with the weights of the .venv run, bit for bit."""
+    import shutil
+
+    from tests.conftest import REPO
+
+    # the held reward's module (imports: tests.launch.held_reward) from the submit folder, which is mounted
+    for name in ("__init__.py", "launch/__init__.py", "launch/held_reward.py", "launch/holding.py"):
+        (tmp_path / "tests" / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / "tests" / name, tmp_path / "tests" / name)
+    hold_after(tmp_path, 6)
+    job = submit(tmp_path, tiny_model, f"grpo.max_num_steps={STEPS}", "checkpointing.save_period=1000",
+                 *container_overrides(dockyard_image, tiny_model))
+    preempt_then_requeue(job, tmp_path, 6, 16)
+    log = completed_after_two_resumes(job, tmp_path, 6, 16, STEPS, timeout_s=600)
+    assert log.count("dockyard: container: trainer in slurm_oci") == 3   # each incarnation, in the image
+    assert re.findall(r"stopped after step (\d+)", log) == ["6", "16"]
+    assert logged_steps(tmp_path) == list(range(1, STEPS + 1))
+    weights = final_weights(tmp_path, STEPS)
+    for name in uninterrupted:
         assert torch.equal(weights[name], uninterrupted[name]), name
 
 
