@@ -37,7 +37,9 @@ COMPONENTS = ("trainer", "rollout", "teacher")
 SLURM_CLIENT_PATHS = ("/etc/slurm", "/run/munge")
 HOST_FILES = ("/etc/hosts", "/etc/resolv.conf", "/etc/passwd", "/etc/group")
 READ_ONLY = {"/etc/slurm", *HOST_FILES}
-PODMAN_STEP = Path(__file__).with_name("podman_step.sh")
+# the wrapper runs on the node, outside any container: the driver (inside the trainer's container)
+# renders the servers' steps with the submit host's path, which the job carries in this variable
+PODMAN_STEP_VARIABLE = "DOCKYARD_PODMAN_STEP"
 SUBMIT_DIR_VARIABLE = "DOCKYARD_SUBMIT_DIR"
 
 
@@ -111,7 +113,7 @@ class StepContainer:
         if self.runtime == "podman":
             volumes = [arg for m in self.mounts for arg in ("--volume", m.spec())]
             devices = ["--device", "nvidia.com/gpu=all"] if self.gpus else []   # CDI (nvidia-ctk cdi generate)
-            return [str(PODMAN_STEP), "run", "--rm", "--network=host", "--ipc=host", "--pid=host",
+            return [podman_step(), "run", "--rm", "--network=host", "--ipc=host", "--pid=host",
                     "--ulimit=nofile=20000:20000", "--ulimit=nproc=4096:4096", "--env-host", *devices,
                     *volumes, "--workdir", self.workdir, self.image]
         return []
@@ -125,6 +127,10 @@ class StepContainer:
     def python_words(self) -> str:
         """submitit's `python` (a shell word list): the trainer tasks' interpreter, in the container."""
         return " ".join(shlex.quote(word) for word in self.wrapper() + self.entry() + [self.python])
+
+
+def podman_step() -> str:
+    return os.environ.get(PODMAN_STEP_VARIABLE) or str(Path(__file__).with_name("podman_step.sh"))
 
 
 def _merged(cfg, component: str) -> dict:

@@ -3,21 +3,23 @@
 #
 # Under srun, podman's own signal proxy is not enough: on scancel or a preemption conmon leaves the step and the
 # container outlives the job, and the requeued run then meets "name already in use" / "Address already in use"
-# (containers-lab.md). So the container gets a name of this task's own, USR2 (Slurm's time-limit warning) is
-# forwarded once, and TERM / INT / HUP stop it and remove it before this script ends.
+# (containers-lab.md). So the container gets a name of this task's own (the same in the requeued run, which
+# removes what a killed one left), USR2 (Slurm's time-limit warning) is forwarded once, and TERM / INT / HUP
+# stop it and remove it before this script ends. srun answers its own SIGTERM by killing the step outright,
+# so the driver asks a server to stop with USR1 first (srun forwards it; launch/servers.py).
 set -u
-name="dockyard-${SLURM_JOB_ID:-local}-${SLURM_STEP_ID:-0}-${SLURM_PROCID:-0}-$$"
+name="dockyard-${SLURM_JOB_ID:-local}-${SLURM_STEP_ID:-0}-${SLURM_PROCID:-0}"
+[ -n "${SLURM_JOB_ID:-}" ] || name="$name-$$"
 [ "${1:-}" = run ] || { echo "podman_step.sh: usage: podman_step.sh run OPTIONS IMAGE CMD..." >&2; exit 2; }
 shift
 podman --runtime runc rm -f "$name" >/dev/null 2>&1
 forward() { podman --runtime runc kill -s "$1" "$name" >/dev/null 2>&1; }
 stop() {
-  podman --runtime runc stop -t 10 "$name" >/dev/null 2>&1
-  podman --runtime runc rm -f "$name" >/dev/null 2>&1
+  podman --runtime runc rm -f -t 5 "$name" >/dev/null 2>&1   # TERM, 5 s, KILL; then removed
   exit 143
 }
 trap 'forward USR2' USR2
-trap stop TERM INT HUP
+trap stop TERM INT HUP USR1
 podman --runtime runc run --name "$name" --sig-proxy=false "$@" &
 child=$!
 # wait returns early when a trapped signal arrives: wait again until podman itself has ended

@@ -58,6 +58,7 @@ class ServerStep:
     address_file: Path
     url: str | None = None
     teacher: str | None = None   # the teacher a teacher server serves
+    stops_on_usr1: bool = False   # a podman step: USR1 stops and removes its container (podman_step.sh)
 
     def describe(self) -> str:
         return f"{self.name} on node {self.node} (srun pid {self.process.pid}, log: {self.log})"
@@ -155,7 +156,7 @@ def start_servers(cfg: MasterConfig, plan: JobPlan, alloc: Allocation, folder: P
             process = subprocess.Popen(command, env=step_environment(alloc.env, extra), stdin=subprocess.DEVNULL,
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         steps.append(ServerStep(label or f"{role} server {index}", role, node, process, log, address_file,
-                                teacher=teacher))
+                                teacher=teacher, stops_on_usr1=container is not None and container.runtime == "podman"))
     return steps
 
 
@@ -191,7 +192,19 @@ def replica_clients(cfg: MasterConfig, steps: list[ServerStep]) -> list:
 
 
 def stop_servers(steps: list[ServerStep]) -> None:
-    stop_processes((step.process for step in steps), STOP_GRACE_S)   # srun forwards SIGTERM to the server
+    # srun answers a SIGTERM by killing its step, which ends a server but not a podman container (its
+    # conmon has left the step): those steps get USR1 first, which srun forwards and podman_step.sh
+    # takes as "stop and remove the container"
+    wrapped = [step.process for step in steps if step.stops_on_usr1 and step.process.poll() is None]
+    for process in wrapped:
+        process.send_signal(signal.SIGUSR1)
+    deadline = time.monotonic() + STOP_GRACE_S
+    for process in wrapped:
+        try:
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    stop_processes((step.process for step in steps), STOP_GRACE_S)
 
 
 def dead_server(steps: list[ServerStep], grace_s: float = 5.0) -> str | None:

@@ -20,7 +20,8 @@ from dockyard.config.loader import LoadedConfig, import_folders
 from dockyard.config.schema import MasterConfig
 from dockyard.config.job_plan import JobPlan, plan_job
 from dockyard.config.slurm_time import minutes
-from dockyard.launch.containers import SUBMIT_DIR_VARIABLE, preflight_containers, step_container, write_bundle
+from dockyard.launch.containers import (PODMAN_STEP_VARIABLE, SUBMIT_DIR_VARIABLE, podman_step, preflight_containers,
+                                       step_container, write_bundle)
 
 EXIT_CONFIG, EXIT_FAILED, EXIT_NOT_SUBMITTED = 2, 1, 3
 POLL_S = 3.0
@@ -183,6 +184,7 @@ def submit(loaded: LoadedConfig, dry_run: bool, wait: bool, wait_timeout_s: floa
     # containers' mounts and working folder are rendered from these
     os.environ["DOCKYARD_IMPORT_PATH"] = import_folders(Path(loaded.source))
     os.environ[SUBMIT_DIR_VARIABLE] = str(Path.cwd().absolute())
+    os.environ[PODMAN_STEP_VARIABLE] = podman_step()
     problems, notes = preflight_containers(cfg, plan_components(plan), folder)
     report.problems += problems
     report.skipped += notes

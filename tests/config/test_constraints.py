@@ -85,6 +85,10 @@ CASES = [
     ("job_container", "grpo_tiny", ["cluster.container.runtime=pyxis", "cluster.container.image=/images/d.sqsh",
                                     "cluster.container.mounts=[data:/data]"],
      "cluster.container.mounts: cluster.container: 'data:/data' is not SRC:DST or SRC:DST:ro with absolute paths"),
+    ("sandboxes_in_a_job_container", "grpo_terminal_bench_local", ["cluster.container.runtime=slurm_oci",
+                                                                  "cluster.container.image=/images/latest"],
+     "env.sandbox.type: cluster.container: the bubblewrap sandboxes are made by trainer rank 0, inside the "
+     "trainer's slurm_oci container"),
     ("data_plane", "grpo_tiny_plane", ["data_plane.address=plane:6379"],
      "data_plane.address: data_plane: address and start: true exclude each other"),
     ("data_plane", "grpo_tiny_plane", ["data_plane.start=false"],

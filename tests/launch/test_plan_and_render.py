@@ -104,6 +104,7 @@ def test_rendered_script_has_one_component_per_group_with_its_resources():
                     "cluster.slurm.constraint=h100", "cluster.slurm.exclusive=true", "cluster.slurm.mem=200G",
                     "cluster.slurm.setup=[module load cuda/12.4,source /opt/venv/bin/activate]",
                     "cluster.container.runtime=pyxis", "cluster.container.image=/images/dockyard.sqsh",
+                    "env.sandbox.type=none", "env.sandbox.trusted=true",
                     "cluster.container.mounts=[/data:/data:ro]", "cluster.slurm.signal_delay_s=300")
     trainer, rollout = sbatch_blocks(script)
     for block in (trainer, rollout):

@@ -66,3 +66,18 @@ def job_container(cfg: MasterConfig) -> Iterator[Problem]:
                 yield Problem(field, f"cluster.container: Slurm's OCI mode runs one task per node in a step, and "
                                      f"the {component} component has {per_node} per node; use 1 (one rank or "
                                      "server per node), or another runtime (pyxis, apptainer, podman)")
+
+
+@rule
+def sandboxes_in_a_job_container(cfg: MasterConfig) -> Iterator[Problem]:
+    """cluster.container: the environment's sandboxes (made by trainer rank 0, inside the trainer's container) are refused there, except env.sandbox.type none (trusted): bubblewrap found no nested user namespaces in Slurm's OCI mode, the other kinds are not verified inside a job container."""
+    sandbox = cfg.env.sandbox
+    runtime = cfg.cluster.container.trainer.runtime or cfg.cluster.container.runtime
+    if sandbox is None or runtime == "none" or sandbox.type == "none":
+        return
+    seen = ("bwrap: 'setting up uid map: Operation not permitted' in runc's default bundle"
+            if sandbox.type == "bubblewrap" else "not verified inside a job container yet")
+    yield Problem("env.sandbox.type", f"cluster.container: the {sandbox.type} sandboxes are made by trainer rank 0, "
+                  f"inside the trainer's {runtime} container, and need namespaces of their own there ({seen}); run "
+                  "this config without cluster.container, or with env.sandbox.type none and trusted: true where the "
+                  "job's container is the isolation")
