@@ -401,7 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_container_step(ns) -> int:
-    from dockyard.launch.containers import step_container, write_bundle
+    from dockyard.launch.containers import step_container
 
     loaded = _load(ns, "container-step")
     if loaded is None:
@@ -411,8 +411,11 @@ def cmd_container_step(ns) -> int:
     if container is None:
         return 0
     if ns.part == "srun-flags":
-        if container.runtime == "slurm_oci":
-            write_bundle(container, folder)
+        if container.runtime == "slurm_oci":   # every component's: rank 0 starts the servers' steps with theirs
+            from dockyard.config.job_plan import plan_job
+            from dockyard.launch.submit import write_bundles
+
+            write_bundles(loaded.config, plan_job(loaded.config), folder)
         words = container.srun_flags(folder)
     else:
         words = container.wrapper() + container.entry() + [container.python]

@@ -15,7 +15,9 @@ shift
 podman --runtime runc rm -f "$name" >/dev/null 2>&1
 forward() { podman --runtime runc kill -s "$1" "$name" >/dev/null 2>&1; }
 stop() {
-  podman --runtime runc rm -f -t 5 "$name" >/dev/null 2>&1   # TERM, 5 s, KILL; then removed
+  # TERM to the container (a trainer saves its checkpoint then), KILL after 25 s, within Slurm's default
+  # KillWait of 30 s after which the step itself is killed; then removed
+  podman --runtime runc rm -f -t 25 "$name" >/dev/null 2>&1
   exit 143
 }
 trap 'forward USR2' USR2

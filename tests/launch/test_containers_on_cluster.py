@@ -65,3 +65,25 @@ def test_a_missing_image_runtime_or_mount_is_refused_before_the_queue(slurm_clus
         result = run_submit(tmp_path, tiny_model, "--nodes", "3", f"cluster.container.runtime={runtime}",
                             f"cluster.container.image={tmp_path}")
         assert result.returncode == 2 and why in result.stderr, result.stderr
+
+
+def test_the_hand_written_template_runs_its_steps_in_the_image(slurm_cluster, dockyard_image, tmp_path, tiny_model):
+    """slurm/grpo_het.sbatch asks `dockyard container-step` for srun's options (the bundles written into
+    its job folder) and the words that start the trainer step in the image."""
+    import os
+    import sys
+
+    env = dict(os.environ, CONFIG="grpo_tiny.yaml", PYTHON=sys.executable, DOCKYARD_HOME=str(REPO),
+               PYTHONPATH=str(REPO))
+    overrides = container_overrides(dockyard_image, tiny_model)
+    overrides[-1] = f"cluster.container.mounts=[{tiny_model.parent}:{tiny_model.parent}:ro,{REPO / 'jobs'}:{REPO / 'jobs'}:ro]"
+    result = subprocess.run(["sbatch", "--wait", "--parsable", f"--output={tmp_path}/job.out",
+                             str(REPO / "slurm" / "grpo_het.sbatch"), f"models_dir={tiny_model.parent}", *overrides],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    output = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").is_file() else ""
+    assert result.returncode == 0, result.stderr + output
+    job = result.stdout.strip().split(";")[0]
+    assert f"dockyard: container: trainer in slurm_oci {dockyard_image}; {IMAGE_PYTHON}; node node2 task 1" in output
+    server = next((tmp_path / "runs" / f"slurm-{job}").glob("*_rollout0_node3.log")).read_text()
+    assert f"dockyard: container: rollout in slurm_oci {dockyard_image}" in server
+    assert [m["step"] for m in metrics(tmp_path)] == [1, 2, 3, 4]
