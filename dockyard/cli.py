@@ -380,7 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
     image_build.add_argument("--base", default="localhost/dockyard-base:bookworm", metavar="IMAGE",
                              help="the local base image (made by tools/build_base_image.sh when missing)")
     image_build.add_argument("--extras", default="plane", help="dockyard's extras to install (default: plane)")
-    image_build.add_argument("--force", action="store_true", help="build even when the cache has it")
+    image_build.add_argument("--force", action="store_true", help="build from scratch even when the cache has it "
+                             "(podman's layer cache too)")
     image_build.set_defaults(func=cmd_image_build)
 
     step = sub.add_parser("container-step", help="for hand-written sbatch scripts (slurm/trainer_step.sh): one word per "

@@ -36,6 +36,7 @@ PODMAN = ["podman", "--runtime", "runc"]
 ULIMITS = ["--ulimit", "nofile=20000:20000", "--ulimit", "nproc=4096:4096"]
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 DONE = "complete"
+LOCK_TIMEOUT_S = 3600.0
 
 
 class ImageError(DockyardError):
@@ -114,7 +115,30 @@ def _bundle_spec(tag: str, rootfs: Path) -> dict:
 
 def build_image(output: Path, base: str = BASE, extras: str = "plane", force: bool = False,
                 say=lambda m: print(m, file=sys.stderr, flush=True)) -> Path:
-    """The image folder <output>/<key> (built now or found), with its forms."""
+    """The image folder <output>/<key> (built now or found), with its forms. One build at a time per
+    output folder: a second caller waits, then finds the first one's image in the cache."""
+    import fcntl
+
+    Path(output).mkdir(parents=True, exist_ok=True)
+    with open(Path(output) / ".build.lock", "w") as lock:
+        deadline, said = time.monotonic() + LOCK_TIMEOUT_S, False
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise ImageError(f"another build into {output} held {lock.name} for {LOCK_TIMEOUT_S:.0f} s; "
+                                     "is one still running?") from None
+                if not said:
+                    say(f"dockyard image build: another build into {output} is running; waiting for it "
+                        f"(up to {LOCK_TIMEOUT_S:.0f} s)")
+                    said = True
+                time.sleep(2)
+        return _build_image(output, base, extras, force, say)
+
+
+def _build_image(output: Path, base: str, extras: str, force: bool, say) -> Path:
     if not CONTAINERFILE.is_file():
         raise ImageError(f"{CONTAINERFILE} is missing: `dockyard image build` runs from a dockyard checkout")
     if shutil.which("podman") is None:
@@ -150,6 +174,7 @@ def build_image(output: Path, base: str = BASE, extras: str = "plane", force: bo
             args += ["--build-arg", "TORCH_INDEX="]   # the local wheel folder holds the CPU torch
         say(f"dockyard image build: building {tag} from {CONTAINERFILE.name} on {base} (log {log})")
         _run(PODMAN + ["build", "--pull=never", "--network=host", *ULIMITS, *volumes, *args,
+                       *(["--no-cache"] if force else []),
                        "--build-arg", f"BASE={base}", "--build-arg", f"EXTRAS={extras}", "-t", tag,
                        "-f", str(CONTAINERFILE), context], f"podman build of {tag}", log)
     built_s = time.perf_counter() - started

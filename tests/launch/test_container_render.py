@@ -110,3 +110,17 @@ def test_the_entry_names_a_node_it_cannot_place(capsys):
     finally:
         del os.environ["SLURM_STEP_NODELIST"], os.environ["SLURMD_NODENAME"]
     assert "this node (elsewhere) is not in SLURM_STEP_NODELIST node[1-2]" in capsys.readouterr().err
+
+
+def test_a_second_image_build_into_the_same_folder_waits_for_the_first_and_says_so(tmp_path, monkeypatch):
+    import fcntl
+
+    from dockyard.launch import image_build
+
+    monkeypatch.setattr(image_build, "LOCK_TIMEOUT_S", 1.0)
+    said = []
+    with open(tmp_path / ".build.lock", "w") as held:   # a build running in another process
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(image_build.ImageError, match=r"another build into .* held .*\.build\.lock for 1 s"):
+            image_build.build_image(tmp_path, say=said.append)
+    assert said == [f"dockyard image build: another build into {tmp_path} is running; waiting for it (up to 1 s)"]
