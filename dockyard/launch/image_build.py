@@ -153,7 +153,8 @@ def _build_image(output: Path, base: str, extras: str, force: bool, say) -> Path
     key = cache_key(base_id, extras, build_args)
     folder = Path(output).absolute() / key
     tag = f"{TAG}:{key}"
-    if (folder / DONE).is_file() and not force:
+    in_store = subprocess.run(PODMAN + ["image", "exists", tag]).returncode == 0   # the podman form, removable apart
+    if (folder / DONE).is_file() and in_store and not force:
         say(f"dockyard image build: {folder} is there (cached: key {key}); {time.perf_counter() - started:.1f} s")
         _link_latest(folder)
         return folder
