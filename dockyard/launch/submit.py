@@ -20,7 +20,7 @@ from dockyard.config.loader import LoadedConfig, import_folders
 from dockyard.config.schema import MasterConfig
 from dockyard.config.job_plan import JobPlan, plan_job
 from dockyard.config.slurm_time import minutes
-from dockyard.launch.containers import (PODMAN_STEP_VARIABLE, SUBMIT_DIR_VARIABLE, podman_step, preflight_containers,
+from dockyard.launch.containers import (PODMAN_STEP_VARIABLE, ContainerError, SUBMIT_DIR_VARIABLE, podman_step, preflight_containers,
                                        step_container, write_bundle)
 
 EXIT_CONFIG, EXIT_FAILED, EXIT_NOT_SUBMITTED = 2, 1, 3
@@ -212,8 +212,12 @@ def submit(loaded: LoadedConfig, dry_run: bool, wait: bool, wait_timeout_s: floa
     (Path(cfg.logger.log_dir) / "config.yaml").write_text(loaded.to_yaml())
     try:
         bundles = write_bundles(cfg, plan, folder)
-        if bundles:
-            print(f"OCI bundles (cluster.container.runtime: slurm_oci): {', '.join(map(str, bundles))}", flush=True)
+    except ContainerError as err:   # e.g. the job folder on another file system than the image
+        _say(f"{err.report()}; nothing was submitted")
+        return EXIT_CONFIG
+    if bundles:
+        print(f"OCI bundles (cluster.container.runtime: slurm_oci): {', '.join(map(str, bundles))}", flush=True)
+    try:
         job = executor.submit(TrainerJob(str(config_path), plan.to_dict(), str(folder)))
     except Exception as err:  # sbatch refused: its message says why (partition, account, limits)
         _say(f"sbatch refused the job: {err}")

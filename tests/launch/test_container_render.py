@@ -124,3 +124,36 @@ def test_a_second_image_build_into_the_same_folder_waits_for_the_first_and_says_
         with pytest.raises(image_build.ImageError, match=r"another build into .* held .*\.build\.lock for 1 s"):
             image_build.build_image(tmp_path, say=said.append)
     assert said == [f"dockyard image build: another build into {tmp_path} is running; waiting for it (up to 1 s)"]
+
+
+def test_a_bundle_is_hard_links_to_the_image_and_refused_by_name_across_file_systems(tmp_path, monkeypatch):
+    import json
+    import os
+    from pathlib import Path
+
+    from dockyard.launch.containers import ContainerError, write_bundle
+
+    monkeypatch.setenv("DOCKYARD_SUBMIT_DIR", str(tmp_path))
+    image = tmp_path / "image"
+    (image / "bundle" / "rootfs" / "bin").mkdir(parents=True)
+    (image / "bundle" / "rootfs" / "bin" / "tool").write_text("x")
+    (image / "bundle" / "config.json").write_text(json.dumps({"process": {"env": ["PATH=/bin"]}, "root": {},
+                                                              "mounts": [{"destination": "/dev/shm", "type": "tmpfs"}]}))
+    step = container("slurm_oci", f"cluster.container.image={image}", component="trainer", job=tmp_path / "job")
+    bundle = write_bundle(step, tmp_path / "job")
+    linked = bundle / "rootfs" / "bin" / "tool"
+    assert os.stat(linked).st_ino == os.stat(image / "bundle" / "rootfs" / "bin" / "tool").st_ino
+    spec = json.loads((bundle / "config.json").read_text())
+    assert spec["root"] == {"path": "rootfs", "readonly": True} and spec["process"]["cwd"] == str(tmp_path)
+    mounts = {m["destination"]: m for m in spec["mounts"]}
+    assert mounts["/dev/shm"]["source"] == "/dev/shm" and mounts["/models"]["options"] == ["rbind", "ro"]
+    assert mounts["/tmp"]["type"] == "tmpfs" and str(tmp_path) in mounts   # the submit folder, the job folder inside it
+    if Path("/dev/shm").stat().st_dev != tmp_path.stat().st_dev:   # another file system: no hard links
+        elsewhere = Path("/dev/shm") / f"dockyard-test-{os.getpid()}"
+        try:
+            with pytest.raises(ContainerError, match="must be on the image's file system"):
+                write_bundle(step, elsewhere)
+        finally:
+            import shutil
+
+            shutil.rmtree(elsewhere, ignore_errors=True)
