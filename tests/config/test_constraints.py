@@ -85,6 +85,10 @@ CASES = [
     ("job_container", "grpo_tiny", ["cluster.container.runtime=pyxis", "cluster.container.image=/images/d.sqsh",
                                     "cluster.container.mounts=[data:/data]"],
      "cluster.container.mounts: cluster.container: 'data:/data' is not SRC:DST or SRC:DST:ro with absolute paths"),
+    ("job_container", "grpo_tiny", ["cluster.container.runtime=podman", "cluster.container.image=localhost/d:1",
+                                    "cluster.container.rollout.runtime=none"],
+     "cluster.container.rollout.runtime: cluster.container: the trainer runs in a container and starts the rollout "
+     "servers from there, so they must run in one too"),
     ("sandboxes_in_a_job_container", "grpo_terminal_bench_local", ["cluster.container.runtime=slurm_oci",
                                                                   "cluster.container.image=/images/latest"],
      "env.sandbox.type: cluster.container: the bubblewrap sandboxes are made by trainer rank 0, inside the "

@@ -39,7 +39,7 @@ def _mount_problems(mounts: list[str], where: str) -> Iterator[Problem]:
 
 @rule
 def job_container(cfg: MasterConfig) -> Iterator[Problem]:
-    """cluster.container: an image for every component that runs in one; mounts written SRC:DST[:ro] with absolute paths; slurm_oci runs one task per node in a step (trainer ranks and servers per node 1)."""
+    """cluster.container: an image for every component that runs in one; mounts written SRC:DST[:ro] with absolute paths; slurm_oci runs one task per node in a step (trainer ranks and servers per node 1); servers of a trainer in a container run in one too."""
     container = cfg.cluster.container
     yield from _mount_problems(container.mounts, "cluster.container.mounts")
     said_image = False
@@ -48,6 +48,14 @@ def job_container(cfg: MasterConfig) -> Iterator[Problem]:
         runtime = own.runtime or container.runtime
         if own.mounts is not None:
             yield from _mount_problems(own.mounts, f"cluster.container.{component}.mounts")
+        if component != "trainer" and runtime == "none" and (container.trainer.runtime or container.runtime) != "none":
+            # trainer rank 0 starts the servers from inside its container: a server outside it would be
+            # started with the image's Python, which the node does not have
+            yield Problem(f"cluster.container.{component}.runtime", f"cluster.container: the trainer runs in a "
+                          f"container and starts the {component} servers from there, so they must run in one too "
+                          "(any runtime, e.g. the trainer's); none is only possible for all components or for the "
+                          "servers of a trainer that runs outside")
+            continue
         if runtime == "none":
             continue
         if not (own.image or container.image):
