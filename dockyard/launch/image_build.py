@@ -40,7 +40,7 @@ LOCK_TIMEOUT_S = 3600.0
 
 
 class ImageError(DockyardError):
-    label = "dockyard image build"
+    label = ""
     exit_status = 1
 
 
@@ -119,8 +119,12 @@ def build_image(output: Path, base: str = BASE, extras: str = "plane", force: bo
     output folder: a second caller waits, then finds the first one's image in the cache."""
     import fcntl
 
-    Path(output).mkdir(parents=True, exist_ok=True)
-    with open(Path(output) / ".build.lock", "w") as lock:
+    try:
+        Path(output).mkdir(parents=True, exist_ok=True)
+        lock = open(Path(output) / ".build.lock", "w")
+    except OSError as err:
+        raise ImageError(f"--output {output}: cannot make the image folder there ({err.strerror})") from None
+    with lock:
         deadline, said = time.monotonic() + LOCK_TIMEOUT_S, False
         while True:
             try:

@@ -157,3 +157,12 @@ def test_a_bundle_is_hard_links_to_the_image_and_refused_by_name_across_file_sys
             import shutil
 
             shutil.rmtree(elsewhere, ignore_errors=True)
+
+
+def test_an_image_folder_that_cannot_be_made_is_named_without_a_traceback(tmp_path, capsys):
+    from dockyard.cli import main
+
+    (tmp_path / "file").write_text("")
+    assert main(["image", "build", "--output", str(tmp_path / "file" / "images")]) == 1
+    err = capsys.readouterr().err
+    assert f"--output {tmp_path / 'file' / 'images'}: cannot make the image folder there" in err and "Traceback" not in err
