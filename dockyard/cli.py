@@ -412,13 +412,18 @@ def cmd_container_step(ns) -> int:
     if container is None:
         return 0
     if ns.part == "srun-flags":
-        if container.runtime == "slurm_oci":   # every component's: rank 0 starts the servers' steps with theirs
+        if container.runtime in ("slurm_oci", "charliecloud"):   # every component's: rank 0 starts the servers' steps with theirs
             from dockyard.config.job_plan import plan_job
             from dockyard.launch.submit import write_bundles
 
             write_bundles(loaded.config, plan_job(loaded.config), folder)
         words = container.srun_flags(folder)
     else:
+        if container.runtime == "charliecloud" and container.root and not Path(container.root).is_dir():
+            from dockyard.config.job_plan import plan_job
+            from dockyard.launch.submit import write_bundles
+
+            write_bundles(loaded.config, plan_job(loaded.config), folder)
         words = container.wrapper() + container.entry() + [container.python]
     print("\n".join(words))
     return 0

@@ -27,10 +27,11 @@ fi
 # spreadsheets and documents). cmake and g++ build llama.cpp's tools. mmdebstrap makes the local base
 # that task images are built on (tools/build_base_image.sh; env.sandbox.task_images: build). redis-server
 # is the data plane's broker (data_plane.start: the trainer's job starts one; docs/data-plane.md).
+# charliecloud-runtime (ch-run) is one of the job containers' runtimes (cluster.container.runtime).
 # The OSWorld desktop's packages (X server, window manager, accessibility, a terminal, an editor, a file
 # manager) are listed in containers/desktop.packages.
 sandbox_packages=(bubblewrap podman runc catatonit slirp4netns nftables iproute2 python3-pytest python3-openpyxl
-                  python3-docx git tar cmake g++ mmdebstrap redis-server
+                  python3-docx git tar cmake g++ mmdebstrap redis-server charliecloud-runtime
                   $(grep -v '^#' containers/desktop.packages))
 missing=()
 # installed, not merely known (`dpkg -s` also succeeds for a removed package whose config files remain)

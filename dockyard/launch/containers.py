@@ -8,7 +8,9 @@ is asked:
     slurm_oci     srun --container=<job folder>/oci/<component>   (a bundle per component, made at submit)
     pyxis         srun --container-image=IMAGE --container-mounts=... --container-workdir=...
     apptainer     srun ... apptainer exec --bind ... --pwd ... IMAGE  <command>
-    charliecloud  srun ... ch-run -b SRC:DST ... -c DIR IMAGE -- <command>
+    charliecloud  srun ... ch-run -b SRC:DST ... -c DIR <job folder>/charliecloud/<component> -- <command>
+                  (the image's root linked per component, with the mounts' targets made: ch-run binds only
+                  onto folders that exist in the image, and cannot make them in a read-only one)
     podman        srun ... <podman_step.sh> run --rm --network=host ... IMAGE <command>
 
 The submit folder, the job folder, the run's log and checkpoint folders, and the Slurm client's
@@ -77,6 +79,7 @@ class StepContainer:
     env: tuple[str, ...]
     python: str
     gpus: bool = False
+    root: str = ""   # what the runtime is given when it is not the image itself (charliecloud's linked root)
 
     # --- what the steps' command lines get ---------------------------------------------------
 
@@ -107,13 +110,18 @@ class StepContainer:
             return ["apptainer", "exec", "--contain", "--no-home", *(["--nv"] if self.gpus else []), *binds,
                     "--pwd", self.workdir, self.image]
         if self.runtime == "charliecloud":
-            # ch-run binds read-write; GPUs need the host's driver libraries injected once (ch-fromhost --nvidia)
+            # ch-run binds read-write; GPUs need the host's driver libraries injected once (ch-fromhost --nvidia).
+            # It stops when USER is unset (a batch environment may lack it); the entry sets PATH, so the
+            # image's /ch/environment (--set-env) is not needed
             binds = [f"--bind={m.source}:{m.target}" for m in self.mounts]
-            return ["ch-run", *binds, f"--cd={self.workdir}", "--set-env", self.image, "--"]
+            return ["env", f"USER={_user()}", "ch-run", *binds, f"--cd={self.workdir}", self.root or self.image, "--"]
         if self.runtime == "podman":
             volumes = [arg for m in self.mounts for arg in ("--volume", m.spec())]
             devices = ["--device", "nvidia.com/gpu=all"] if self.gpus else []   # CDI (nvidia-ctk cdi generate)
-            return [podman_step(), "run", "--rm", "--network=host", "--ipc=host", "--pid=host",
+            # passthrough: the container writes to the step's own output, not through the podman client, which
+            # Slurm's TERM ends at once (the trainer's "saving" lines, then its stdout, went nowhere: it died on a
+            # closed pipe before its checkpoint)
+            return [podman_step(), "run", "--rm", "--log-driver=passthrough", "--network=host", "--ipc=host", "--pid=host",
                     "--ulimit=nofile=20000:20000", "--ulimit=nproc=4096:4096", "--env-host", *devices,
                     *volumes, "--workdir", self.workdir, self.image]
         return []
@@ -127,6 +135,15 @@ class StepContainer:
     def python_words(self) -> str:
         """submitit's `python` (a shell word list): the trainer tasks' interpreter, in the container."""
         return " ".join(shlex.quote(word) for word in self.wrapper() + self.entry() + [self.python])
+
+
+def _user() -> str:
+    import getpass
+
+    try:
+        return os.environ.get("USER") or getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.getuid())
 
 
 def podman_step() -> str:
@@ -168,8 +185,12 @@ def step_container(cfg, component: str, job_folder: Path | None = None) -> StepC
         if not any(_under(str(path), m.target) for m in mounts):
             mounts.append(Mount(str(path), str(path), read_only=str(path) in READ_ONLY))
     workdir = cfg.cluster.container.workdir or str(submit_folder())
-    return StepContainer(component, settings["runtime"], settings["image"] or "", tuple(mounts), workdir,
-                         tuple(settings["env"]), cfg.cluster.container.python, cfg.cluster.gpus_per_node > 0)
+    image = settings["image"] or ""
+    root = ""
+    if settings["runtime"] == "charliecloud" and job_folder is not None and not _is_squashfs(image):
+        root = str(charliecloud_folder(job_folder, component))
+    return StepContainer(component, settings["runtime"], image, tuple(mounts), workdir,
+                         tuple(settings["env"]), cfg.cluster.container.python, cfg.cluster.gpus_per_node > 0, root)
 
 
 def _under(path: str, folder: str) -> bool:
@@ -189,6 +210,15 @@ def image_rootfs(image: str) -> Path:
     return folder / "bundle" / "rootfs" if (folder / "bundle" / "rootfs").is_dir() else folder / "rootfs"
 
 
+def _link_root(source: Path, target: Path) -> None:
+    """The image's root as hard links (no space; the runtimes mount it read-only, so the image's files
+    cannot be changed through them)."""
+    made = subprocess.run(["cp", "-al", str(source), str(target)], capture_output=True, text=True)
+    if made.returncode != 0:
+        raise ContainerError(f"cannot link the image's root {source} into {target.parent} ({made.stderr.strip()}): "
+                             "the job folder (cluster.slurm.folder) must be on the image's file system")
+
+
 def write_bundle(container: StepContainer, job_folder: Path) -> Path:
     """The component's OCI bundle for `srun --container`: the image's config.json with this job's mounts
     and working folder, and its root file system as hard links to the image's (Slurm takes the root
@@ -200,10 +230,7 @@ def write_bundle(container: StepContainer, job_folder: Path) -> Path:
     if bundle.exists():
         shutil.rmtree(bundle)
     bundle.mkdir(parents=True)
-    made = subprocess.run(["cp", "-al", str(source), str(bundle / "rootfs")], capture_output=True, text=True)
-    if made.returncode != 0:
-        raise ContainerError(f"cannot link the image's root {source} into {bundle} ({made.stderr.strip()}): the "
-                             "job folder (cluster.slurm.folder) must be on the image's file system")
+    _link_root(source, bundle / "rootfs")
     spec["root"] = {"path": "rootfs", "readonly": True}
     process = spec.setdefault("process", {})
     process["cwd"] = container.workdir
@@ -221,6 +248,64 @@ def write_bundle(container: StepContainer, job_folder: Path) -> Path:
                         "options": ["rbind", "ro" if m.read_only else "rw"]} for m in container.mounts]
     (bundle / "config.json").write_text(json.dumps(spec, indent=1))
     return bundle
+
+
+# --- charliecloud: a root per component --------------------------------------------------------------
+
+
+def charliecloud_folder(job_folder: Path, component: str) -> Path:
+    return Path(job_folder).absolute() / "charliecloud" / component
+
+
+def _is_squashfs(image: str) -> bool:
+    return image.endswith((".sqfs", ".squashfs"))
+
+
+def charliecloud_source(image: str) -> Path:
+    """The root of a directory image: an image folder of `dockyard image build` (bundle/rootfs), an OCI
+    bundle (rootfs), or a Charliecloud image directory itself (ch-image, ch-convert)."""
+    rootfs = image_rootfs(image)
+    return rootfs if rootfs.is_dir() else Path(image)
+
+
+def write_charliecloud_root(container: StepContainer, job_folder: Path) -> Path:
+    """The component's root for ch-run: the image's, linked, with a folder (or an empty file, for a file's
+    mount) at every mount's target. A target reached through a link of the image's is refused: making it
+    would follow the link out of the copy."""
+    root = charliecloud_folder(job_folder, container.component)
+    if root.exists():
+        shutil.rmtree(root)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    _link_root(charliecloud_source(container.image), root)
+    for mount in container.mounts:
+        place = root
+        parts = Path(mount.target).parts[1:]
+        for index, part in enumerate(parts):
+            place = place / part
+            if place.is_symlink():
+                raise ContainerError(f"mount {mount.spec()}: {'/' + '/'.join(parts[:index + 1])} is a link in the "
+                                     f"image {container.image}; mount at the folder it points to")
+            if place.exists():
+                continue
+            if index == len(parts) - 1 and Path(mount.source).is_file():
+                place.touch()
+            else:
+                place.mkdir()
+    return root
+
+
+def write_step_roots(containers: list[StepContainer | None], job_folder: Path) -> list[Path]:
+    """What each component's runtime needs in the job folder before the job starts: a bundle for
+    slurm_oci, a linked root for charliecloud (directory images); nothing for the others."""
+    written = []
+    for container in containers:
+        if container is None:
+            continue
+        if container.runtime == "slurm_oci":
+            written.append(write_bundle(container, job_folder))
+        elif container.runtime == "charliecloud" and container.root:
+            written.append(write_charliecloud_root(container, job_folder))
+    return written
 
 
 # --- preflight: before the queue ------------------------------------------------------------------
@@ -270,6 +355,14 @@ def image_problem(runtime: str, image: str) -> str | None:
         except (OSError, subprocess.SubprocessError):
             found = False
         return None if found else f"podman has no image {image} (dockyard image build makes localhost/dockyard:<key>)"
+    if runtime == "charliecloud" and not _is_squashfs(image):
+        source = charliecloud_source(image)
+        if not (source / "bin").exists() or not (source / "etc").is_dir():
+            return (f"{image} is neither an image folder of `dockyard image build`, a Charliecloud image "
+                    "directory (a root with bin/ and etc/) nor a SquashFS image (.sqfs)")
+        if not os.access(source, os.R_OK | os.X_OK):
+            return f"{source} cannot be read by this user"
+        return None
     looks_like_path = image.startswith(("/", "./", "../")) or image.endswith((".sqsh", ".sif"))
     if runtime == "pyxis" and not looks_like_path:
         return None
@@ -301,7 +394,7 @@ def preflight_containers(cfg: MasterConfig, components: list[str], job_folder: P
             if why:
                 problems.append(Problem(f"{field}.runtime", f"{container.runtime}: {why}"))
         why = image_problem(container.runtime, container.image)
-        if why:
+        if why and Problem(f"{field}.image", why) not in problems:   # the components sharing one image: said once
             problems.append(Problem(f"{field}.image", why))
         mounts_field = f"cluster.container.{component}.mounts" if own.mounts is not None else "cluster.container.mounts"
         for mount in container.mounts:

@@ -21,7 +21,7 @@ from dockyard.config.schema import MasterConfig
 from dockyard.config.job_plan import JobPlan, plan_job
 from dockyard.config.slurm_time import minutes
 from dockyard.launch.containers import (PODMAN_STEP_VARIABLE, ContainerError, SUBMIT_DIR_VARIABLE, podman_step, preflight_containers,
-                                       step_container, write_bundle)
+                                       step_container, write_step_roots)
 
 EXIT_CONFIG, EXIT_FAILED, EXIT_NOT_SUBMITTED = 2, 1, 3
 POLL_S = 3.0
@@ -84,9 +84,9 @@ def plan_components(plan: JobPlan) -> list[str]:
 
 
 def write_bundles(cfg: MasterConfig, plan: JobPlan, folder: Path) -> list[Path]:
-    """slurm_oci: each component's bundle in the job folder, before sbatch (servers.py finds them there)."""
-    containers = [step_container(cfg, component, folder) for component in plan_components(plan)]
-    return [write_bundle(c, folder) for c in containers if c is not None and c.runtime == "slurm_oci"]
+    """Each component's bundle (slurm_oci) or linked root (charliecloud) in the job folder, before sbatch
+    (servers.py finds them there)."""
+    return write_step_roots([step_container(cfg, component, folder) for component in plan_components(plan)], folder)
 
 
 def _flag_overrides(ns: argparse.Namespace) -> list[str]:
@@ -216,7 +216,8 @@ def submit(loaded: LoadedConfig, dry_run: bool, wait: bool, wait_timeout_s: floa
         _say(f"{err.report()}; nothing was submitted")
         return EXIT_CONFIG
     if bundles:
-        print(f"OCI bundles (cluster.container.runtime: slurm_oci): {', '.join(map(str, bundles))}", flush=True)
+        print(f"container roots (cluster.container.runtime: {cfg.cluster.container.runtime}): "
+              f"{', '.join(map(str, bundles))}", flush=True)
     try:
         job = executor.submit(TrainerJob(str(config_path), plan.to_dict(), str(folder)))
     except Exception as err:  # sbatch refused: its message says why (partition, account, limits)

@@ -1,5 +1,5 @@
-"""cluster.container's command lines for the runtimes that cannot run on this machine (pyxis + enroot,
-Apptainer, Charliecloud: no Debian or PyPI package), checked against each tool's documented options, and
+"""cluster.container's command lines checked against each tool's documented options (pyxis + enroot and
+Apptainer cannot run on this machine: no Debian or PyPI package; charliecloud's also run on the dev cluster), and
 the container entry's environment filter (it runs in every runtime)."""
 
 import pytest
@@ -40,12 +40,18 @@ def test_apptainer_exec_binds_the_mounts_and_the_runs_folders_and_keeps_the_host
 
 def test_charliecloud_ch_run_binds_and_keeps_the_environment_for_the_entry_to_filter(monkeypatch):
     monkeypatch.setenv("DOCKYARD_SUBMIT_DIR", "/shared/work")
+    monkeypatch.delenv("USER", raising=False)
     words = container("charliecloud", "cluster.container.image=/img/dockyard", component="trainer").python_words()
-    # ch-run [OPTION...] IMAGE -- CMD [ARG...]: -b/--bind=SRC[:DST], -c/--cd=DIR, --set-env (the image's)
-    assert words.startswith("ch-run --bind=/models:/models --bind=/scratch/hf:/root/.cache/hf ")
-    assert "--cd=/shared/work --set-env /img/dockyard -- env --block-signal=USR2 --block-signal=TERM " + PYTHON in words
-    assert "--unset-env" not in words   # Slurm's variables must reach the entry
+    # ch-run [OPTION...] IMAGE -- CMD [ARG...]: -b/--bind=SRC[:DST], -c/--cd=DIR; it stops when $USER is unset
+    assert words.startswith("env USER=") and " ch-run --bind=/models:/models --bind=/scratch/hf:/root/.cache/hf " in words
+    # a directory image runs from the job's linked root (its mount targets made); the entry sets PATH, so
+    # no --set-env (which wants the image's /ch/environment)
+    assert ("--cd=/shared/work /shared/jobs/charliecloud/trainer -- env --block-signal=USR2 --block-signal=TERM "
+            + PYTHON) in words
+    assert "--unset-env" not in words and "--set-env" not in words   # Slurm's variables must reach the entry
     assert words.endswith("--keep=HF_TOKEN '--name=trainer in charliecloud /img/dockyard' -- " + PYTHON)
+    squashfs = container("charliecloud", "cluster.container.image=/img/dockyard.sqfs").server_command(SERVE)
+    assert squashfs[squashfs.index("--cd=/shared/work") + 1:][:2] == ["/img/dockyard.sqfs", "--"]   # ch-run mounts it
 
 
 def test_pyxis_flags_are_srun_options_and_the_trainer_task_runs_the_images_python(monkeypatch):
@@ -166,3 +172,34 @@ def test_an_image_folder_that_cannot_be_made_is_named_without_a_traceback(tmp_pa
     assert main(["image", "build", "--output", str(tmp_path / "file" / "images")]) == 1
     err = capsys.readouterr().err
     assert f"--output {tmp_path / 'file' / 'images'}: cannot make the image folder there" in err and "Traceback" not in err
+
+
+def test_a_charliecloud_root_links_the_image_and_makes_the_mount_targets_without_leaving_it(tmp_path, monkeypatch):
+    import os
+
+    from dockyard.launch.containers import ContainerError, image_problem, write_charliecloud_root
+
+    monkeypatch.setenv("DOCKYARD_SUBMIT_DIR", str(tmp_path / "work"))
+    (tmp_path / "work").mkdir()
+    image = tmp_path / "image"
+    rootfs = image / "bundle" / "rootfs"
+    for folder in ("bin", "etc", "var"):
+        (rootfs / folder).mkdir(parents=True)
+    (rootfs / "bin" / "tool").write_text("x")
+    (tmp_path / "token").write_text("secret")
+    assert image_problem("charliecloud", str(image)) is None
+    step = container("charliecloud", f"cluster.container.image={image}", "cluster.container.mounts="
+                     f"[{tmp_path / 'token'}:/etc/token:ro,{tmp_path}:/data/in]", component="trainer", job=tmp_path / "job")
+    root = write_charliecloud_root(step, tmp_path / "job")
+    assert root == tmp_path / "job" / "charliecloud" / "trainer" and step.root == str(root)
+    assert os.stat(root / "bin" / "tool").st_ino == os.stat(rootfs / "bin" / "tool").st_ino
+    assert (root / "etc" / "token").is_file() and (root / "data" / "in").is_dir()   # a file's target is a file
+    assert (root / str(tmp_path / "work").lstrip("/")).is_dir()                      # the submit folder's
+    assert not (rootfs / "data").exists()                                            # the image is untouched
+    # a target through a link of the image's would be made wherever the link points: refused
+    (rootfs / "var" / "run").symlink_to("/run")
+    step = container("charliecloud", f"cluster.container.image={image}", f"cluster.container.mounts=[{tmp_path}:/var/run/x]",
+                     component="trainer", job=tmp_path / "job")
+    with pytest.raises(ContainerError, match="/var/run is a link in the image"):
+        write_charliecloud_root(step, tmp_path / "job")
+    assert "is neither an image folder" in image_problem("charliecloud", str(tmp_path / "work"))

@@ -144,30 +144,47 @@ def test_preempted_then_requeued_run_ends_bitwise_equal_to_an_uninterrupted_one(
         assert torch.equal(weights[name], uninterrupted[name]), name
 
 
+@pytest.mark.parametrize("runtime", ["slurm_oci", "podman", "charliecloud"])
 def test_a_run_in_the_image_preempted_then_requeued_ends_bitwise_equal_to_an_uninterrupted_venv_run(
-        uninterrupted, dockyard_image, tmp_path, tiny_model):
-    """Every step in the dockyard image (Slurm's OCI mode): USR2 reaches the trainer twice (Slurm and runc
-    both forward it) and it saves once; the checkpoints are on the mounted run folder, so the requeued
-    containers resume from them, and the run ends with the weights of the .venv run, bit for bit."""
+        runtime, uninterrupted, dockyard_image, tmp_path, tiny_model):
+    """grpo_tiny as a het job whose every step runs in the dockyard image: trainer tasks on two nodes, the
+    rollout server on a third, each in the image's Python (which the host does not have) and knowing its
+    node and rank (Slurm's OCI mode passes no per-task variable: recovered). USR2 reaches the trainer twice
+    under slurm_oci (Slurm and runc both forward it) and it saves once; the checkpoints are on the mounted
+    run folder, so the requeued containers resume from them, and the run ends with the weights of the
+    .venv run, bit for bit. No podman container outlives its step, preempted or not."""
     import shutil
 
     from tests.conftest import REPO
+    from tests.launch.conftest import IMAGE_PYTHON
 
     # the held reward's module (imports: tests.launch.held_reward) from the submit folder, which is mounted
     for name in ("__init__.py", "launch/__init__.py", "launch/held_reward.py", "launch/holding.py"):
         (tmp_path / "tests" / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / "tests" / name, tmp_path / "tests" / name)
+    image = (dockyard_image / "complete").read_text().strip() if runtime == "podman" else str(dockyard_image)
     hold_after(tmp_path, 6)
     job = submit(tmp_path, tiny_model, f"grpo.max_num_steps={STEPS}", "checkpointing.save_period=1000",
-                 *container_overrides(dockyard_image, tiny_model))
+                 *container_overrides(image, tiny_model, runtime))
     preempt_then_requeue(job, tmp_path, 6, 16)
     log = completed_after_two_resumes(job, tmp_path, 6, 16, STEPS, timeout_s=600)
-    assert log.count("dockyard: container: trainer in slurm_oci") == 3   # each incarnation, in the image
+    assert not Path(IMAGE_PYTHON).exists()   # so a step that ran it ran in the image
+    inside = f"dockyard: container: trainer in {runtime} {image}; {IMAGE_PYTHON}"
+    assert log.count(f"{inside}; node node1 task 0") == 3   # each incarnation, in the image
+    assert f"{inside}; node node2 task 1" in (tmp_path / "slurm" / f"{job}_1_log.err").read_text()
+    assert "trainer rank 0/2 on node1" in log and str(REPO) not in log   # the submitter's PYTHONPATH stayed out
+    for incarnation in range(3):
+        server = (tmp_path / "slurm" / f"{job}.{incarnation}_rollout0_node3.log").read_text()
+        assert f"dockyard: container: rollout in {runtime} {image}; {IMAGE_PYTHON}; node node3 task 0" in server
     assert re.findall(r"stopped after step (\d+)", log) == ["6", "16"]
     assert logged_steps(tmp_path) == list(range(1, STEPS + 1))
     weights = final_weights(tmp_path, STEPS)
     for name in uninterrupted:
         assert torch.equal(weights[name], uninterrupted[name]), name
+    if runtime == "podman":   # the server's container, which srun's end of the step does not reach, is gone too
+        left = subprocess.run(["podman", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True).stdout
+        ours = (f"dockyard-{job}-", f"dockyard-{int(job) + 1}-")   # the trainer's component, the rollout's
+        assert not [name for name in left.split() if name.startswith(ours)], left
 
 
 MEGATRON = ["policy.backend=megatron", "policy.megatron_cfg={tensor_model_parallel_size: 1}",

@@ -76,15 +76,24 @@ def job_container(cfg: MasterConfig) -> Iterator[Problem]:
                                      "server per node), or another runtime (pyxis, apptainer, podman)")
 
 
+# what bubblewrap met inside each job container that runs on the dev cluster (checked by hand, docs/slurm.md)
+BUBBLEWRAP_INSIDE = {
+    "slurm_oci": "bwrap: 'setting up uid map: Operation not permitted' in runc's default bundle",
+    "podman": "bwrap: 'Can't mount proc on /newroot/proc: Operation not permitted' (the container's masked /proc)",
+    "charliecloud": "ch-run maps one uid, so the agent's own user, apart from the grader's, cannot exist in it "
+                    "(chown to it: Invalid argument)",
+}
+
+
 @rule
 def sandboxes_in_a_job_container(cfg: MasterConfig) -> Iterator[Problem]:
-    """cluster.container: the environment's sandboxes (made by trainer rank 0, inside the trainer's container) are refused there, except env.sandbox.type none (trusted): bubblewrap found no nested user namespaces in Slurm's OCI mode, the other kinds are not verified inside a job container."""
+    """cluster.container: the environment's sandboxes (made by trainer rank 0, inside the trainer's container) are refused there, except env.sandbox.type none (trusted): what bubblewrap met inside each runtime that runs here is named; the other kinds are not verified inside a job container."""
     sandbox = cfg.env.sandbox
     runtime = cfg.cluster.container.trainer.runtime or cfg.cluster.container.runtime
     if sandbox is None or runtime == "none" or sandbox.type == "none":
         return
-    seen = ("bwrap: 'setting up uid map: Operation not permitted' in runc's default bundle"
-            if sandbox.type == "bubblewrap" else "not verified inside a job container yet")
+    seen = BUBBLEWRAP_INSIDE.get(runtime, "not verified inside this runtime") if sandbox.type == "bubblewrap" \
+        else "not verified inside a job container yet"
     yield Problem("env.sandbox.type", f"cluster.container: the {sandbox.type} sandboxes are made by trainer rank 0, "
                   f"inside the trainer's {runtime} container, and need namespaces of their own there ({seen}); run "
                   "this config without cluster.container, or with env.sandbox.type none and trusted: true where the "
