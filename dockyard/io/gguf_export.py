@@ -31,6 +31,9 @@ class GGUFExportError(DockyardError, RuntimeError):
     pass
 
 
+IMAGE_FOLDER = Path("/opt/llama.cpp")
+
+
 def candidate_folders(llama_cpp_dir: str | Path | None = None) -> list[tuple[Path, str]]:
     """Where llama.cpp is looked for, in order, each with what pointed there."""
     if llama_cpp_dir:
@@ -42,6 +45,8 @@ def candidate_folders(llama_cpp_dir: str | Path | None = None) -> list[tuple[Pat
     found = [(checkout, "tools/install.sh's folder in this dockyard checkout")]
     if here.resolve() != checkout.resolve():
         found.append((here, "the current folder's .cache"))
+    # the dockyard image's (containers/dockyard.Containerfile), also where a runtime drops the image's ENV
+    found.append((IMAGE_FOLDER, "the dockyard image's"))
     return found
 
 

@@ -8,7 +8,8 @@ container registry, cached by the hash of what went in, and written in the forms
       -> <output>/<key>/dockyard.sif                    apptainer, where `apptainer` is installed
       -> <output>/<key>/forms.txt                       the commands of the forms whose tools are missing
 
-The key hashes the Containerfile, every file of dockyard's source that goes in, the base image's id,
+The key hashes the Containerfile, every file of dockyard's source and of llama.cpp's tools that goes
+in, the base image's id,
 the extras and the build arguments: the same checkout on the same base is built once per machine
 (CI builds it once per run), a changed file builds anew. The build machine's pip settings (local
 wheel folders, index mirrors, constraints, CA bundle) are passed to the build's RUN steps.
@@ -63,6 +64,40 @@ def _source_files() -> list[Path]:
     return files
 
 
+# what of llama.cpp `dockyard export gguf` runs (gguf_export.py): the converter with its modules and
+# the quantizer, copied from the build machine's prepared folder (tools/prepare_llama_cpp.sh, which
+# tools/install.sh runs: the same Debian as the image's base) rather than compiled again in the build
+LLAMA_CPP_PARTS = ("convert_hf_to_gguf.py", "conversion", "gguf-py", "LICENSE", "build/bin/llama-quantize",
+                   "build/bin/llama-simple")
+
+
+def llama_cpp_files(say=lambda m: None) -> list[tuple[Path, Path]]:
+    """(file on this machine, path in the build context) of llama.cpp's tools; prepared first if missing."""
+    from dockyard.io.gguf_export import GGUFExportError, llama_cpp
+
+    try:
+        folder = llama_cpp()[0].parent
+    except GGUFExportError:
+        say("dockyard image build: preparing llama.cpp's tools (tools/prepare_llama_cpp.sh: PyPI, cmake, g++)")
+        _run(["bash", str(REPO / "tools" / "prepare_llama_cpp.sh"), str(REPO / ".cache" / "llama.cpp")],
+             "tools/prepare_llama_cpp.sh")
+        folder = REPO / ".cache" / "llama.cpp"
+    files = []
+    for part in LLAMA_CPP_PARTS:
+        path = folder / part
+        if not path.exists():
+            raise ImageError(f"{path} is missing from the prepared llama.cpp (run tools/prepare_llama_cpp.sh again)")
+        found = sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts) \
+            if path.is_dir() else [path]
+        files += [(file, Path("llama.cpp") / file.relative_to(folder)) for file in found]
+    return files
+
+
+def context_files(say=lambda m: None) -> list[tuple[Path, Path]]:
+    """Everything the build context holds: dockyard's source and llama.cpp's tools."""
+    return [(path, path.relative_to(REPO)) for path in _source_files()] + llama_cpp_files(say)
+
+
 def pip_settings() -> tuple[dict[str, str], list[str]]:
     """The build machine's pip settings as build arguments, and the local folders they name (mounted)."""
     out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
@@ -87,11 +122,11 @@ def pip_settings() -> tuple[dict[str, str], list[str]]:
     return args, sorted(set(folders))
 
 
-def cache_key(base_id: str, extras: str, build_args: dict[str, str]) -> str:
+def cache_key(base_id: str, extras: str, build_args: dict[str, str], files: list[tuple[Path, Path]]) -> str:
     digest = hashlib.sha256()
     digest.update(CONTAINERFILE.read_bytes())
-    for path in _source_files():
-        digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes() + b"\0")
+    for path, inside in files:
+        digest.update(str(inside).encode() + b"\0" + path.read_bytes() + b"\0")
     digest.update(json.dumps([base_id, extras, sorted(build_args.items())]).encode())
     return digest.hexdigest()[:24]
 
@@ -154,7 +189,8 @@ def _build_image(output: Path, base: str, extras: str, force: bool, say) -> Path
         _run(["bash", str(script), base], f"building the base {base}")
     base_id = _run(PODMAN + ["image", "inspect", "--format", "{{.Id}}", base], "podman image inspect").strip()
     build_args, folders = pip_settings()
-    key = cache_key(base_id, extras, build_args)
+    files = context_files(say)
+    key = cache_key(base_id, extras, build_args, files)
     folder = Path(output).absolute() / key
     tag = f"{TAG}:{key}"
     in_store = subprocess.run(PODMAN + ["image", "exists", tag]).returncode == 0   # the podman form, removable apart
@@ -167,8 +203,8 @@ def _build_image(output: Path, base: str, extras: str, force: bool, say) -> Path
     folder.mkdir(parents=True)
     log = folder / "build.log"
     with tempfile.TemporaryDirectory() as context:
-        for path in _source_files():
-            target = Path(context) / path.relative_to(REPO)
+        for path, inside in files:
+            target = Path(context) / inside
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, target)
         volumes = [arg for path in folders for arg in ("--volume", f"{path}:{path}:ro")]

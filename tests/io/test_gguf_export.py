@@ -123,4 +123,5 @@ def test_without_the_variable_llama_cpp_is_found_where_install_prepared_it(tmp_p
     message = str(failed.value)
     assert f"{tmp_path}/elsewhere/.cache/llama.cpp (tools/install.sh's folder" in message
     assert f"{tmp_path}/.cache/llama.cpp (the current folder's .cache)" in message
+    assert "/opt/llama.cpp (the dockyard image's)" in message   # where containers/dockyard.Containerfile puts it
     assert "no convert_hf_to_gguf.py or llama-quantize" in message and "tools/prepare_llama_cpp.sh" in message
