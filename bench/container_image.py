@@ -1,6 +1,6 @@
 """The dockyard image and jobs in it (cluster.container, docs/slurm.md "Run in a container"): image build
 time cold and cached, image size, and submit -> first step with and without the container on the local
-dev cluster (Slurm's OCI mode with runc).
+dev cluster (Slurm's OCI mode with runc, podman, and Charliecloud where ch-run is installed).
 
     .venv/bin/python bench/container_image.py [--output /var/tmp/dockyard-bench-images] [--repeats 2]
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -43,9 +44,15 @@ def main() -> None:
     print(f"image {info['tag']}: build cold {cold:.0f} s (podman build {info['build_s']:.0f} s), cached "
           f"{cached:.1f} s; podman image {info['size_bytes'] / 1e9:.2f} GB, bundle rootfs "
           f"{int(rootfs.split()[0]) / 1e9:.2f} GB", flush=True)
-    container = ("cluster.container.runtime=slurm_oci", f"cluster.container.image={folder}",
-                 f"cluster.container.mounts=[{REPO / 'models'}:{REPO / 'models'}:ro]")
-    for label, extra in (("venv", ()), ("slurm_oci", container)):
+    def container(runtime: str, image: str) -> tuple[str, ...]:
+        return (f"cluster.container.runtime={runtime}", f"cluster.container.image={image}",
+                f"cluster.container.mounts=[{REPO / 'models'}:{REPO / 'models'}:ro]")
+
+    runtimes = [("venv", ()), ("slurm_oci", container("slurm_oci", str(folder))),
+                ("podman", container("podman", info["tag"]))]
+    if shutil.which("ch-run"):
+        runtimes.append(("charliecloud", container("charliecloud", str(folder))))
+    for label, extra in runtimes:
         runs = [one_run("grpo_tiny.yaml", 3, 600, extra) for _ in range(args.repeats)]
         print(f"grpo_tiny on 3 nodes, {label}: " + "  ".join(
             f"{m} {statistics.median(r[m] for r in runs):.1f}s" for m in MILESTONES), flush=True)
