@@ -221,6 +221,13 @@ def dead_server(steps: list[ServerStep], grace_s: float = 5.0) -> str | None:
         time.sleep(0.2)
 
 
+# A server step that ended by SIGTERM is most often the job's own requeue, preemption or cancel reaching it
+# first: in a job container the trainer's signal comes through its runtime (podman_step.sh stops the
+# container with a podman call of its own) and can arrive seconds later, under load more than 10.
+TERMINATED = (128 + signal.SIGTERM, -signal.SIGTERM)
+TERMINATED_GRACE_S = 25.0
+
+
 @dataclass
 class ServerWatch:
     """Ends the trainer when a server dies mid-run: the main thread gets KeyboardInterrupt (it may be
@@ -231,6 +238,7 @@ class ServerWatch:
     stopper: StopRequests = field(default_factory=NoStops)   # once a stop is under way, servers going away is expected
     clients: list = field(default_factory=list)   # one per step: a live step that stops answering /health is hung
     hard_exit_s: float = 30.0
+    terminated_grace_s: float = TERMINATED_GRACE_S
     failure: str | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
 
@@ -251,12 +259,22 @@ class ServerWatch:
                 if code is not None and self.stopper.requested:
                     return
                 if code is not None and not self._stop.is_set():
+                    if code in TERMINATED and self._stop_follows(self.terminated_grace_s):
+                        return
                     return self._fail(f"{step.describe()} exited with status {code} during the run; "
                                       f"ending the job\n{step.tail()}")
             hung = health.hung() if health is not None else None
             if hung is not None and not self._stop.is_set() and not self.stopper.requested:
                 step = self.steps[hung]
                 return self._fail(f"{health.describe(hung)}: {step.describe()}; ending the job\n{step.tail()}")
+
+    def _stop_follows(self, grace_s: float) -> bool:
+        """Whether the trainer's own stop request (or the end of the watch) comes within grace_s."""
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            if self.stopper.requested or self._stop.wait(0.2):
+                return True
+        return self.stopper.requested
 
     def _fail(self, failure: str) -> None:
         self.failure = failure
