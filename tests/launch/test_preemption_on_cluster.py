@@ -296,7 +296,11 @@ def test_a_warning_signal_during_start_up_requeues_instead_of_killing_the_job(sl
     # both ranks' whole logs where this fails: it did once in CI, without a cause the log's ends showed
     logs = f"{log}\n--- rank 1 ---\n{(tmp_path / 'slurm' / f'{job}_1_log.err').read_text(errors='replace')}"
     assert sent >= 1 and restarts(job) == 1, (sent, logs)
-    assert "stopped after step 0: USR2" in log and "requeued" in log, logs
+    # the signal reaches rank 0 before its servers are started, or while they start (a slow machine): either
+    # way nothing is saved before the first step and the job requeues
+    before_servers = "stopped after step 0: USR2" in log
+    while_servers = "USR2 (time limit near, or preemption) while the servers started; nothing to save" in log
+    assert (before_servers or while_servers) and "requeued" in log, logs
     assert logged_steps(tmp_path) == list(range(1, steps + 1))
 
 
