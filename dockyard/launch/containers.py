@@ -60,7 +60,7 @@ class Mount:
     def parse(cls, text: str, where: str) -> "Mount":
         parsed = parse_mount(text)
         if parsed is None:
-            raise ContainerError(f"{where}: {text!r} is not SRC:DST or SRC:DST:ro with absolute paths")
+            raise ContainerError(f"{where}: {text!r} is not SRC:DST or SRC:DST:ro with absolute paths (no '..' in DST)")
         return cls(*parsed)
 
     def spec(self) -> str:

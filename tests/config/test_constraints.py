@@ -85,6 +85,10 @@ CASES = [
     ("job_container", "grpo_tiny", ["cluster.container.runtime=pyxis", "cluster.container.image=/images/d.sqsh",
                                     "cluster.container.mounts=[data:/data]"],
      "cluster.container.mounts: cluster.container: 'data:/data' is not SRC:DST or SRC:DST:ro with absolute paths"),
+    ("job_container", "grpo_tiny", ["cluster.container.runtime=charliecloud", "cluster.container.image=/images/d",
+                                    "cluster.container.mounts=[/data:/data/../../etc]"],
+     "cluster.container.mounts: cluster.container: '/data:/data/../../etc' is not SRC:DST or SRC:DST:ro with absolute "
+     "paths (no '..' in DST)"),
     ("job_container", "grpo_tiny", ["cluster.container.runtime=podman", "cluster.container.image=localhost/d:1",
                                     "cluster.container.rollout.runtime=none"],
      "cluster.container.rollout.runtime: cluster.container: the trainer runs in a container and starts the rollout "

@@ -28,13 +28,16 @@ def parse_mount(text: str) -> tuple[str, str, bool] | None:
     if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] not in ("ro", "rw")) \
             or not all(p.startswith("/") for p in parts[:2]):
         return None
+    if ".." in parts[1].split("/"):   # a target must name a place inside (charliecloud makes it in the job's root copy)
+        return None
     return parts[0], parts[1], len(parts) == 3 and parts[2] == "ro"
 
 
 def _mount_problems(mounts: list[str], where: str) -> Iterator[Problem]:
     for text in mounts:
         if parse_mount(text) is None:
-            yield Problem(where, f"cluster.container: {text!r} is not SRC:DST or SRC:DST:ro with absolute paths")
+            yield Problem(where, f"cluster.container: {text!r} is not SRC:DST or SRC:DST:ro with absolute paths "
+                          "(no '..' in DST)")
 
 
 @rule
