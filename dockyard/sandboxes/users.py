@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import grp
+import os
 import pwd
 import tempfile
 from pathlib import Path
@@ -55,7 +56,23 @@ def uid_range_problem(config) -> str | None:
     if taken:
         return (f"env.sandbox.uid_range: [{first}, {last}] overlaps ids this machine uses: "
                 f"{', '.join(sorted(set(taken))[:5])}; choose a range nobody has")
-    return None
+    return unmapped_ids_problem(first, last) if os.geteuid() == 0 else None
+
+
+def unmapped_ids_problem(first: int, last: int, uid_map: Path = Path("/proc/self/uid_map")) -> str | None:
+    """Root gives each sandbox's files and processes to ids of the range; root of a user namespace that
+    does not map them (ch-run, rootless podman: one id) cannot (chown says EINVAL)."""
+    try:
+        lines = uid_map.read_text().split()
+    except OSError:
+        return None
+    ranges = [(int(lines[i]), int(lines[i]) + int(lines[i + 2]) - 1) for i in range(0, len(lines) - 2, 3)]
+    if any(start <= first and last <= end for start, end in ranges):
+        return None
+    mapped = ", ".join(f"{start}-{end}" for start, end in ranges) or "none"
+    return (f"env.sandbox.uid_range: [{first}, {last}] is not mapped in this process's user namespace (it maps ids "
+            f"{mapped}: an unprivileged container such as ch-run or rootless podman); the sandboxes run their "
+            "commands as those ids, so run this outside that container, or in one that maps them")
 
 
 def ids_in_use(first: int, last: int) -> list[str]:

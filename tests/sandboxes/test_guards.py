@@ -309,6 +309,24 @@ def test_the_uid_range_is_checked_against_this_machines_users():
         SandboxFactory(SandboxConfig(uid_range=(nobody - 50, nobody + 50)))
 
 
+@needs_root
+def test_root_of_a_user_namespace_that_does_not_map_the_range_is_refused_by_name(tmp_path):
+    """As in ch-run or rootless podman (one id mapped): no sandbox can give its files to the range, so
+    the factory refuses before any task starts (it was chown's EINVAL as a traceback)."""
+    probe = ("from dockyard.config.schema.env import SandboxConfig\n"
+             "from dockyard.sandboxes.factory import SandboxFactory\n"
+             "SandboxFactory(SandboxConfig())\n")
+    done = subprocess.run(["unshare", "--user", "--map-root-user", sys.executable, "-c", probe], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "env.sandbox.uid_range: [200000, 204095] is not mapped in this process's user namespace (it maps ids 0-0" \
+        in done.stderr, done.stderr
+    from dockyard.sandboxes.users import unmapped_ids_problem
+
+    (tmp_path / "uid_map").write_text("         0          0 4294967295\n")   # the host's own map
+    assert unmapped_ids_problem(200000, 204095, tmp_path / "uid_map") is None
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_copies_never_follow_a_link_the_agent_planted(backend, tmp_path):
     (tmp_path / "note.txt").write_text("from the trainer\n")
