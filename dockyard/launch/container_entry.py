@@ -4,9 +4,12 @@
 
 It runs PROGRAM with the environment a step should have, whatever the runtime passed in:
 
-- only Slurm's, submitit's and dockyard's variables, the identity (USER, HOME, ...) and the names in
-  cluster.container.env; the submitter's PATH, PYTHONPATH, VIRTUAL_ENV and the rest of a login
-  environment stay out (Slurm's OCI mode and pyxis pass all of it), and PATH is the image's;
+- only Slurm's, submitit's and dockyard's variables, the identity (USER, HOME, ...), the names in
+  cluster.container.env and those the image's ENV sets (its DOCKYARD_IMAGE_ENV lists them: HF_HUB_OFFLINE,
+  ...; where the submitter has one of them too, the runtime decides whose value arrives: Slurm's OCI
+  mode and podman's --env-host the submitter's); the submitter's PATH, PYTHONPATH, VIRTUAL_ENV and the
+  rest of a login environment stay out (Slurm's OCI mode and pyxis pass all of it), and PATH and
+  VIRTUAL_ENV are the image's Python's;
 - the per-task variables Slurm's OCI mode does not pass (SLURM_PROCID, SLURM_NODEID, SLURM_LOCALID,
   SLURMD_NODENAME, CUDA_VISIBLE_DEVICES; in a batch job the batch step's values arrive instead, 0 on
   every node) are recovered (--task-from-node): a step there has one task per node, so the node's
@@ -27,6 +30,9 @@ ALWAYS_PREFIXES = ("SLURM_", "SLURMD_", "SUBMITIT_", "DOCKYARD_", "PMI_", "PMIX_
 ALWAYS = {"USER", "LOGNAME", "HOME", "LANG", "LC_ALL", "TERM", "TZ", "CUDA_VISIBLE_DEVICES",
           "NVIDIA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT",
           "RANK", "WORLD_SIZE", "LOCAL_RANK"}
+# the image names the variables its ENV sets (containers/dockyard.Containerfile); the runtimes pass them in
+# (charliecloud from the /ch/environment dockyard-submit writes into the job's root)
+IMAGE_ENV = "DOCKYARD_IMAGE_ENV"
 IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -37,6 +43,7 @@ class EntryError(DockyardError):
 
 def step_environment(environ: dict[str, str], keep: set[str], python: str, task_from_node: bool = False
                      ) -> dict[str, str]:
+    keep = keep | set(environ.get(IMAGE_ENV, "").split())   # the image's own ENV (HF_HUB_OFFLINE, ...)
     env = {k: v for k, v in environ.items() if k in keep or k in ALWAYS or k.startswith(ALWAYS_PREFIXES)}
     venv = os.path.dirname(os.path.dirname(os.path.abspath(python)))
     env["PATH"] = f"{os.path.dirname(os.path.abspath(python))}:{IMAGE_PATH}"

@@ -111,10 +111,13 @@ class StepContainer:
                     "--pwd", self.workdir, self.image]
         if self.runtime == "charliecloud":
             # ch-run binds read-write; GPUs need the host's driver libraries injected once (ch-fromhost --nvidia).
-            # It stops when USER is unset (a batch environment may lack it); the entry sets PATH, so the
-            # image's /ch/environment (--set-env) is not needed
+            # It stops when USER is unset (a batch environment may lack it). It passes the image's ENV only from
+            # the image's /ch/environment (--set-env), which the job's root has (write_charliecloud_root); a
+            # .sqfs is given as it is, with whatever it holds
             binds = [f"--bind={m.source}:{m.target}" for m in self.mounts]
-            return ["env", f"USER={_user()}", "ch-run", *binds, f"--cd={self.workdir}", self.root or self.image, "--"]
+            image_env = ["--set-env", "--env-no-expand"] if self.root else []
+            return ["env", f"USER={_user()}", "ch-run", *binds, *image_env, f"--cd={self.workdir}",
+                    self.root or self.image, "--"]
         if self.runtime == "podman":
             volumes = [arg for m in self.mounts for arg in ("--volume", m.spec())]
             devices = ["--device", "nvidia.com/gpu=all"] if self.gpus else []   # CDI (nvidia-ctk cdi generate)
@@ -291,7 +294,21 @@ def write_charliecloud_root(container: StepContainer, job_folder: Path) -> Path:
                 place.touch()
             else:
                 place.mkdir()
+    _write_image_environment(container.image, root)
     return root
+
+
+def _write_image_environment(image: str, root: Path) -> None:
+    """ch-run --set-env reads the image's ENV from /ch/environment (NAME=VALUE lines), which ch-image
+    writes and an image of `dockyard image build` lacks: made from its bundle's config.json (PATH left
+    to the entry). An image's own file is kept."""
+    target = root / "ch" / "environment"
+    if target.exists() or target.is_symlink() or target.parent.is_symlink():
+        return
+    config = image_rootfs(image).parent / "config.json"
+    env = json.loads(config.read_text()).get("process", {}).get("env", []) if config.is_file() else []
+    target.parent.mkdir(exist_ok=True)
+    target.write_text("".join(f"{line}\n" for line in env if not line.startswith("PATH=")))
 
 
 def write_step_roots(containers: list[StepContainer | None], job_folder: Path) -> list[Path]:

@@ -2,11 +2,15 @@
 Apptainer cannot run on this machine: no Debian or PyPI package; charliecloud's also run on the dev cluster), and
 the container entry's environment filter (it runs in every runtime)."""
 
+import json
+import re
+
 import pytest
 
 from dockyard.config import load_config
 from dockyard.launch.container_entry import main as entry_main, step_environment
 from dockyard.launch.containers import step_container
+from tests.conftest import REPO
 
 PYTHON = "/opt/dockyard/venv/bin/python"
 SERVE = ["/home/u/.venv/bin/python", "-m", "dockyard.generation.server", "--model", "/models/m"]
@@ -44,11 +48,11 @@ def test_charliecloud_ch_run_binds_and_keeps_the_environment_for_the_entry_to_fi
     words = container("charliecloud", "cluster.container.image=/img/dockyard", component="trainer").python_words()
     # ch-run [OPTION...] IMAGE -- CMD [ARG...]: -b/--bind=SRC[:DST], -c/--cd=DIR; it stops when $USER is unset
     assert words.startswith("env USER=") and " ch-run --bind=/models:/models --bind=/scratch/hf:/root/.cache/hf " in words
-    # a directory image runs from the job's linked root (its mount targets made); the entry sets PATH, so
-    # no --set-env (which wants the image's /ch/environment)
-    assert ("--cd=/shared/work /shared/jobs/charliecloud/trainer -- env --block-signal=USR2 --block-signal=TERM "
-            + PYTHON) in words
-    assert "--unset-env" not in words and "--set-env" not in words   # Slurm's variables must reach the entry
+    # a directory image runs from the job's linked root (its mount targets made), with the image's ENV
+    # from the /ch/environment written there
+    assert ("--set-env --env-no-expand --cd=/shared/work /shared/jobs/charliecloud/trainer -- env --block-signal=USR2 "
+            "--block-signal=TERM " + PYTHON) in words
+    assert "--unset-env" not in words   # Slurm's variables must reach the entry
     assert words.endswith("--keep=HF_TOKEN '--name=trainer in charliecloud /img/dockyard' -- " + PYTHON)
     squashfs = container("charliecloud", "cluster.container.image=/img/dockyard.sqfs").server_command(SERVE)
     assert squashfs[squashfs.index("--cd=/shared/work") + 1:][:2] == ["/img/dockyard.sqfs", "--"]   # ch-run mounts it
@@ -94,6 +98,24 @@ def test_the_entry_keeps_the_steps_variables_and_drops_the_submitters_environmen
         assert gone not in env
     assert env["HF_TOKEN"] == "t" and env["SLURM_JOB_ID"] == "7" and env["DOCKYARD_CONFIG"] == "/c.yaml"
     assert env["HOME"] == "/tmp"   # the submitter's home is not there to write caches to
+    # the image's own ENV stays (a runtime passes it in beside the submitter's)
+    image = dict(submitter, HF_HUB_OFFLINE="1", DOCKYARD_LLAMA_CPP_DIR="/opt/llama.cpp",
+                 DOCKYARD_IMAGE_ENV="HF_HUB_OFFLINE DOCKYARD_LLAMA_CPP_DIR")
+    env = step_environment(image, set(), PYTHON)
+    assert env["HF_HUB_OFFLINE"] == "1" and env["DOCKYARD_LLAMA_CPP_DIR"] == "/opt/llama.cpp"
+    assert "HF_TOKEN" not in env and "PYTHONPATH" not in env
+
+
+@pytest.mark.parametrize("recipe", ["dockyard.Containerfile", "dockyard-cuda.Containerfile"])
+def test_the_image_lists_every_variable_its_env_sets_for_the_entry_to_keep(recipe):
+    text = (REPO / "containers" / recipe).read_text()
+    listed = re.search(r'^ENV DOCKYARD_IMAGE_ENV="([^"]*)"', text, re.M).group(1).split()
+    # ENV NAME=VALUE [NAME=VALUE ...], continued over lines
+    instructions = re.findall(r"^ENV ((?:.*\\\n)*.*)$", text, re.M)
+    names = {name for body in instructions for name in re.findall(r"(?:^|\s)([A-Z_][A-Z0-9_]*)=", body)}
+    assert set(listed) == names - {"PATH", "VIRTUAL_ENV", "DOCKYARD_IMAGE_ENV"}   # those two: from the image's Python
+    definition = (REPO / "containers" / "dockyard.def").read_text()
+    assert f'DOCKYARD_IMAGE_ENV="{" ".join(listed)}"' in definition
 
 
 def test_the_entry_recovers_the_task_variables_slurms_oci_mode_drops():
@@ -186,6 +208,8 @@ def test_a_charliecloud_root_links_the_image_and_makes_the_mount_targets_without
     for folder in ("bin", "etc", "var"):
         (rootfs / folder).mkdir(parents=True)
     (rootfs / "bin" / "tool").write_text("x")
+    (image / "bundle" / "config.json").write_text(json.dumps({"process": {"env": [
+        "PATH=/opt/v/bin:/usr/bin", "HF_HUB_OFFLINE=1", "DOCKYARD_IMAGE_ENV=HF_HUB_OFFLINE"]}}))
     (tmp_path / "token").write_text("secret")
     assert image_problem("charliecloud", str(image)) is None
     step = container("charliecloud", f"cluster.container.image={image}", "cluster.container.mounts="
@@ -196,6 +220,8 @@ def test_a_charliecloud_root_links_the_image_and_makes_the_mount_targets_without
     assert (root / "etc" / "token").is_file() and (root / "data" / "in").is_dir()   # a file's target is a file
     assert (root / str(tmp_path / "work").lstrip("/")).is_dir()                      # the submit folder's
     assert not (rootfs / "data").exists()                                            # the image is untouched
+    # ch-run --set-env takes the image's ENV from /ch/environment: written from the bundle's, PATH left out
+    assert (root / "ch" / "environment").read_text() == "HF_HUB_OFFLINE=1\nDOCKYARD_IMAGE_ENV=HF_HUB_OFFLINE\n"
     # a target through a link of the image's would be made wherever the link points: refused
     (rootfs / "var" / "run").symlink_to("/run")
     step = container("charliecloud", f"cluster.container.image={image}", f"cluster.container.mounts=[{tmp_path}:/var/run/x]",
