@@ -15,9 +15,19 @@ shift
 podman --runtime runc rm -f "$name" >/dev/null 2>&1
 forward() { podman --runtime runc kill -s "$1" "$name" >/dev/null 2>&1; }
 stop() {
-  # TERM to the container (a trainer saves its checkpoint then), KILL after 25 s, within Slurm's default
-  # KillWait of 30 s after which the step itself is killed; then removed
-  podman --runtime runc rm -f -t 25 "$name" >/dev/null 2>&1
+  # TERM to the container's first process (a trainer saves its checkpoint then), as Slurm signals a task outside
+  # a container; KILL after 25 s, within Slurm's default KillWait of 30 s after which the step itself is killed;
+  # then removed. Not `podman stop` / `rm -t`: in the host's PID namespace they signal through `runc kill --all`,
+  # which freezes the container's cgroup meanwhile, and a TERM delivered so may land on any thread of the
+  # trainer, whose Python handler then waits for the main thread to wake (seen on scontrol requeue: no save,
+  # killed 25 s later, in 2 runs of 3)
+  podman --runtime runc kill -s TERM "$name" >/dev/null 2>&1
+  waited=0
+  while [ "$waited" -lt 50 ] && [ "$(podman --runtime runc inspect --format '{{.State.Running}}' "$name" 2>/dev/null)" = true ]; do
+    sleep 0.5
+    waited=$((waited + 1))
+  done
+  podman --runtime runc rm -f -t 0 "$name" >/dev/null 2>&1
   exit 143
 }
 trap 'forward USR2' USR2

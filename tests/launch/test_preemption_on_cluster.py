@@ -116,12 +116,25 @@ def completed_after_two_resumes(job: str, workdir: Path, first: int, second: int
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(slurm_cluster, tmp_path_factory, tiny_model):
+def uninterrupted_run(slurm_cluster, tmp_path_factory, tiny_model) -> Path:
+    """The folder of grpo_tiny run to the end in the submitting environment's .venv, never stopped."""
     workdir = tmp_path_factory.mktemp("uninterrupted")
     result = run_submit(workdir, tiny_model, "--nodes", "3", "--wait", *hold_overrides(workdir),
                         f"grpo.max_num_steps={STEPS}", "checkpointing.save_period=1000", timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
-    return final_weights(workdir, STEPS)
+    return workdir
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(uninterrupted_run):
+    return final_weights(uninterrupted_run, STEPS)
+
+
+def training_record(workdir: Path) -> list[tuple[float, ...]]:
+    """Per step: loss, gradient norm, entropy and mean reward (the step's learning, not its timing)."""
+    path = workdir / "runs" / "grpo_tiny" / "logs" / "metrics.jsonl"
+    keys = ("train/loss", "train/grad_norm", "train/entropy", "reward/mean")
+    return [tuple(json.loads(line)[key] for key in keys) for line in path.read_text().splitlines() if line.strip()]
 
 
 def test_preempted_then_requeued_run_ends_bitwise_equal_to_an_uninterrupted_one(uninterrupted, tmp_path,
@@ -144,11 +157,9 @@ def test_preempted_then_requeued_run_ends_bitwise_equal_to_an_uninterrupted_one(
         assert torch.equal(weights[name], uninterrupted[name]), name
 
 
-# podman is left out: on `scontrol requeue` its trainer did not always get the TERM (podman_step.sh's
-# `podman rm -t 25` sent none in two runs of three here), so it resumed from the older checkpoint
-@pytest.mark.parametrize("runtime", ["slurm_oci", "charliecloud"])
+@pytest.mark.parametrize("runtime", ["slurm_oci", "charliecloud", "podman"])
 def test_a_run_in_the_image_preempted_then_requeued_ends_bitwise_equal_to_an_uninterrupted_venv_run(
-        runtime, uninterrupted, dockyard_image, tmp_path, tiny_model):
+        runtime, uninterrupted, uninterrupted_run, dockyard_image, tmp_path, tiny_model):
     """grpo_tiny as a het job whose every step runs in the dockyard image: trainer tasks on two nodes, the
     rollout server on a third, each in the image's Python (which the host does not have) and knowing its
     node and rank (Slurm's OCI mode passes no per-task variable: recovered). USR2 reaches the trainer twice
@@ -180,6 +191,7 @@ def test_a_run_in_the_image_preempted_then_requeued_ends_bitwise_equal_to_an_uni
         assert f"dockyard: container: rollout in {runtime} {image}; {IMAGE_PYTHON}; node node3 task 0" in server
     assert re.findall(r"stopped after step (\d+)", log) == ["6", "16"]
     assert logged_steps(tmp_path) == list(range(1, STEPS + 1))
+    assert training_record(tmp_path) == training_record(uninterrupted_run)   # from the first step: as in the .venv
     weights = final_weights(tmp_path, STEPS)
     for name in uninterrupted:
         assert torch.equal(weights[name], uninterrupted[name]), name
