@@ -1,55 +1,14 @@
-"""Jobs in containers on the real dev cluster: what is refused before the queue, and the hand-written
-template's steps in the image, grpo_tiny as a het job in podman. In slurm_oci and charliecloud the het job is
-also preempted, requeued and resumed bitwise: test_preemption_on_cluster.py."""
+"""Jobs in containers on the real dev cluster: what is refused before the queue, the hand-written template's
+steps in the image, the environment a step gets in each runtime, llama.cpp in the image. grpo_tiny as a het job
+in the image, preempted, requeued and resumed bitwise in slurm_oci, charliecloud and podman:
+test_preemption_on_cluster.py."""
 
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO
 from tests.launch.conftest import IMAGE_PYTHON, container_overrides, metrics, run_submit
-from tests.launch.test_submit_on_cluster import job_id_of
-
-
-@pytest.fixture(scope="module")
-def venv_first_loss(slurm_cluster, tmp_path_factory, tiny_model) -> float:
-    """The first step's loss of the same job in the submitting environment's .venv."""
-    outside = tmp_path_factory.mktemp("venv")
-    plain = run_submit(outside, tiny_model, "--nodes", "3", "--wait", timeout=900)
-    assert plain.returncode == 0, plain.stdout + plain.stderr
-    return metrics(outside)[0]["train/loss"]
-
-
-@pytest.mark.parametrize("runtime", ["podman"])   # slurm_oci, charliecloud: preempted too (test_preemption_on_cluster.py)
-def test_grpo_tiny_runs_as_a_het_job_every_step_in_the_image(runtime, slurm_cluster, dockyard_image, venv_first_loss,
-                                                             tmp_path, tiny_model):
-    """Trainer tasks on two nodes and the rollout server on a third, all inside the image (its own Python,
-    which the host does not have), each knowing its node and rank although Slurm's OCI mode passes no
-    per-task variable; the run trains as the .venv run of the same config does; no container is left."""
-    image = (dockyard_image / "complete").read_text().strip()
-    result = run_submit(tmp_path, tiny_model, "--nodes", "3", "--wait", *container_overrides(image, tiny_model, runtime),
-                        timeout=900)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert not Path(IMAGE_PYTHON).exists()   # so a step that ran it ran in the image
-    job = job_id_of(result.stdout)
-    folder = tmp_path / "slurm"
-    trainer = [(folder / f"{job}_{rank}_log.err").read_text() for rank in (0, 1)]
-    server = (folder / f"{job}.0_rollout0_node3.log").read_text()
-    assert f"dockyard: container: trainer in {runtime} {image}; {IMAGE_PYTHON}; node node1 task 0" in trainer[0]
-    assert f"dockyard: container: trainer in {runtime} {image}; {IMAGE_PYTHON}; node node2 task 1" in trainer[1]
-    assert "trainer rank 0/2 on node1" in trainer[0] and "trainer rank 1/2 on node2" in trainer[1]
-    assert f"dockyard: container: rollout in {runtime} {image}; {IMAGE_PYTHON}; node node3 task 0" in server
-    assert "serving on 0.0.0.0" in server
-    # the submitter's PYTHONPATH (this checkout) stayed outside: the image's dockyard ran
-    assert str(REPO) not in "".join(trainer)
-    steps = metrics(tmp_path)
-    assert [m["step"] for m in steps] == [1, 2, 3, 4]
-    assert steps[0]["train/loss"] == venv_first_loss
-    if runtime == "podman":   # the server's container, which srun's end of the step does not reach, is gone
-        left = subprocess.run(["podman", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True).stdout
-        ours = (f"dockyard-{job}-", f"dockyard-{int(job) + 1}-")   # the trainer's component, the rollout's
-        assert not [name for name in left.split() if name.startswith(ours)], left
 
 
 def test_a_missing_image_runtime_or_mount_is_refused_before_the_queue(slurm_cluster, tmp_path, tiny_model):
@@ -104,3 +63,32 @@ def test_the_image_exports_gguf_with_its_own_llama_cpp(dockyard_image, tmp_path)
 
     for build in tmp_path.glob("*.gguf"):
         assert validate_gguf(build, smol)["architecture"] == "llama", build
+
+
+@pytest.mark.parametrize("runtime", ["slurm_oci", "charliecloud", "podman"])
+def test_a_step_in_the_image_has_the_images_env_and_not_the_submitters(runtime, slurm_cluster, dockyard_image,
+                                                                      tmp_path, tiny_model):
+    """What `dockyard container-step` renders (the lines of every step) run under srun: the image's ENV
+    (HF_HUB_OFFLINE, the llama.cpp folder) arrives in every runtime (charliecloud passes it only from the
+    job root's /ch/environment); the submitter's own variables do not."""
+    import json
+    import os
+    import sys
+
+    image = (dockyard_image / "complete").read_text().strip() if runtime == "podman" else str(dockyard_image)
+    step = [sys.executable, "-m", "dockyard.cli", "container-step", "--config", "grpo_tiny.yaml", "--folder",
+            str(tmp_path / "job"), *container_overrides(image, tiny_model, runtime)]
+    words = {part: subprocess.run(step[:-3] + ["--part", part] + step[-3:], cwd=tmp_path, capture_output=True,
+                                  text=True, timeout=120) for part in ("srun-flags", "command")}
+    for done in words.values():
+        assert done.returncode == 0, done.stderr
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "DOCKYARD_LLAMA_CPP_DIR")}
+    env["SUBMITTERS_OWN"] = "x"
+    flags, command = ([word for word in words[part].stdout.splitlines() if word] for part in ("srun-flags", "command"))
+    done = subprocess.run(["srun", "-N1", "-n1", "-w", "node4", *flags, *command,
+                           "-c", "import json, os; print(json.dumps(dict(os.environ)))"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    inside = json.loads(done.stdout.strip().splitlines()[-1])
+    assert inside["HF_HUB_OFFLINE"] == "1" and inside["DOCKYARD_LLAMA_CPP_DIR"] == "/opt/llama.cpp"
+    assert "SUBMITTERS_OWN" not in inside and inside["PATH"].startswith("/opt/dockyard/venv/bin:")
