@@ -35,6 +35,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+import time
 from pathlib import Path
 
 from dockyard.sandboxes import host_paths
@@ -50,6 +51,7 @@ from dockyard.sandboxes.users import UidLease, uid_range, with_user_entries
 
 PODMAN = ["podman", "--runtime", "runc"]   # crun is not in every distribution's podman; runc is
 OWNER_LABEL = "dockyard.owner"
+INIT_CHILD_TIMEOUT_S = 10.0
 # what podman itself writes into a container's root (not the agent's changes)
 PODMAN_FILES = ("/etc/mtab", "/etc/hosts", "/etc/hostname", "/etc/resolv.conf", "/run/.containerenv", "/run/podman-init")
 
@@ -270,10 +272,21 @@ class PodmanSandbox(Sandbox):
         if self.root_inside:
             pid = podman_command("inspect", "--format", "{{.State.Pid}}", self.name).stdout.decode().strip()
             self.init_pid = int(pid) if pid.isdigit() else None
-            try:   # and its `sleep infinity`: the container lives while it does
-                children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-            except OSError:
-                children = []
+            # and its `sleep infinity`: the container lives while it does. The init may not have started it
+            # yet (seen under load): a sandbox that took that moment would end it as the agent's with the
+            # first command's leftovers, and the container with it ("container state improper")
+            deadline = time.monotonic() + INIT_CHILD_TIMEOUT_S
+            while True:
+                try:
+                    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+                except OSError:
+                    children = []
+                if children or time.monotonic() > deadline:
+                    break
+                time.sleep(0.02)
+            if not children:
+                raise SandboxError(f"{self.spec.name}: the container's init started no `sleep infinity` within "
+                                   f"{INIT_CHILD_TIMEOUT_S:.0f} s")
             self.container_pids = {self.init_pid, *map(int, children)}
 
     def _exec_root(self, command: str, check: bool = True, cwd: str = "/") -> subprocess.CompletedProcess:

@@ -10,6 +10,7 @@ solution scores 1. With the verifier's restoring switched off (tried by hand, do
 attack scored 1."""
 
 import shutil
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from dockyard.sandboxes.base import SandboxError
 from dockyard.sandboxes.factory import SandboxFactory
 from dockyard.sandboxes.processes import live_processes, of_uid_range
 from dockyard.sandboxes.user_namespaces import BLOCK
+from dockyard.waiting import wait_until
 from tests.envs.conftest import BASE
 from tests.envs.test_task_images import needs_builder
 from tests.sandboxes.test_guards import check_network_reaches_out_but_not_this_machine, needs_network_tools
@@ -68,6 +70,35 @@ def test_root_attacks_on_the_tests_tools_score_zero_and_the_honest_root_solution
         assert attack.error is None and attack.reward == 0.0, (script.stem, attack.notes, attack.test_output[-2000:])
         assert any(NAMED[script.stem] in note for note in attack.notes), (script.stem, attack.notes)
         assert attack.tests_ran in ("pytest", "reward file"), (script.stem, attack.tests_ran)
+
+
+@needs_builder
+def test_a_podman_init_slow_to_start_its_child_still_keeps_the_container_between_commands(base_image, open_folder,
+                                                                                         monkeypatch, tmp_path):
+    """The container lives while its init's `sleep infinity` does; each command's leftovers end with it. An
+    init that had not started that child when the sandbox looked (a loaded machine) got it ended as the
+    agent's after the first command, and the next one met "container state improper" (seen in CI)."""
+    import dockyard.sandboxes.podman as podman_module
+
+    slow_init = tmp_path / "slow-init"
+    # a delay with no process of its own (an external `sleep` would be the child the sandbox sees)
+    slow_init.write_text('#!/bin/sh\n[ "$1" = -- ] && shift\ni=0\nwhile [ $(( i += 1 )) -lt 300000 ]; do :; done\n'
+                         '"$@" &\nwait\n')
+    slow_init.chmod(0o755)
+    which = shutil.which
+    monkeypatch.setattr(podman_module.shutil, "which", lambda name, *a, **k: str(slow_init) if name == "catatonit"
+                        else which(name, *a, **k))
+    sandboxes = factory("podman", open_folder / "cache")
+    task = load_task(ROOT_TASK)
+    sandbox = sandboxes.create(sandbox_spec(task, sandboxes.task_image(task.name, task.dockerfile, task.build_context)))
+    try:
+        assert sandbox.run("echo one").output.strip() == "one"
+        wait_until(lambda: "sleep infinity" in sandbox.run("ps -eo args").output, 30, "the init's child to start")
+        time.sleep(0.5)
+        assert sandbox.run("echo two").output.strip() == "two"
+        assert sandbox.run("echo three").output.strip() == "three"
+    finally:
+        sandbox.destroy()
 
 
 @needs_builder
