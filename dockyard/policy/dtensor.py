@@ -19,6 +19,7 @@ from dockyard.config.topology import mesh_line
 from dockyard.distributed import WorldInfo
 from dockyard.models import DTYPES, load_causal_lm
 from dockyard.policy.context_parallel import ContextParallelError, SequenceShards, use_context_parallel_attention
+from dockyard.policy.prompt_rows import layout_rows, plan_shared_micro_batches
 from dockyard.policy.samples import (PolicySetupError, Sample, TrainingInterrupted, lr_factor,
                                      plan_micro_batches, plan_shared_prompt_rows, same_count_on_every_rank)
 from dockyard.io.checkpoint import TorchModuleState, load_model_weights
@@ -29,10 +30,6 @@ from dockyard.policy.lora import BaseModelReference, LoraSetupError, add_adapter
 from dockyard.policy.tensor_parallel import (TensorParallelError, VocabShard, apply_tensor_parallel, clip_gradients,
                                              quiet_tensor_parallel_warnings, sum_partial_gradients, token_logprobs,
                                              vocab_shard)
-
-
-def _row_length(samples: list[Sample], row: list[int]) -> int:
-    return samples[row[0]].prompt_length + sum(samples[i].response_length for i in row)
 
 
 def _left_padded(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -162,10 +159,7 @@ class DTensorPolicy(Policy):
         forward is a collective under FSDP."""
         budget = self.config.policy.dynamic_batching
         if self.share_prompts:
-            rows = plan_shared_prompt_rows(samples, budget.max_tokens_per_gpu)
-            batches = [[index for r in group for index in rows[r]] for group in
-                       plan_micro_batches([_row_length(samples, row) for row in rows], micro_size,
-                                          budget.max_tokens_per_gpu)]
+            batches = plan_shared_micro_batches(samples, micro_size, budget.max_tokens_per_gpu)
         else:
             batches = plan_micro_batches([len(s.token_ids) for s in samples], micro_size,
                                          budget.max_tokens_per_gpu if budget.enabled else None)
@@ -254,59 +248,21 @@ class DTensorPolicy(Policy):
         return logprobs, entropy
 
     def _forward_shared_prompts(self, samples: list[Sample], with_entropy: bool):
-        """As _forward_logprobs, with each prompt computed once per row (plan_shared_prompt_rows).
-
-        A row is [prompt | response 1 | response 2 | ... | padding]. Each response attends to the
-        prompt and to its own earlier tokens and takes the positions it had after the prompt, so
-        every logprob is the one a row of its own gives (up to floating-point summation order)."""
+        """As _forward_logprobs, with each prompt computed once per row (prompt_rows.py)."""
         budget = self.config.policy.dynamic_batching.max_tokens_per_gpu
-        rows = plan_shared_prompt_rows(samples, budget)
-        width = max(_row_length(samples, row) for row in rows)
-        ids = torch.zeros((len(rows), width), dtype=torch.long)
-        positions = torch.zeros((len(rows), width), dtype=torch.long)
-        allowed = torch.zeros((len(rows), 1, width, width), dtype=torch.bool)
-        source_row, source_pos, token, out_row, out_col = [], [], [], [], []
-        responses = max(1, max(s.response_length for s in samples))
-        for r, row in enumerate(rows):
-            prompt_length = samples[row[0]].prompt_length
-            ids[r, :prompt_length] = torch.tensor(samples[row[0]].token_ids[:prompt_length])
-            positions[r, :prompt_length] = torch.arange(prompt_length)
-            allowed[r, 0, :prompt_length, :prompt_length] = torch.ones(prompt_length, prompt_length,
-                                                                       dtype=torch.bool).tril()
-            start = prompt_length
-            for index in row:
-                sample = samples[index]
-                n = sample.response_length
-                end = start + n
-                ids[r, start:end] = torch.tensor(sample.token_ids[prompt_length:])
-                positions[r, start:end] = torch.arange(prompt_length, prompt_length + n)
-                allowed[r, 0, start:end, :prompt_length] = True
-                allowed[r, 0, start:end, start:end] = torch.ones(n, n, dtype=torch.bool).tril()
-                # response token j is predicted at the position before it: the prompt's last, then its own
-                source_row += [r] * n
-                source_pos += [prompt_length - 1] + list(range(start, end - 1))
-                token += sample.token_ids[prompt_length:]
-                out_row += [index] * n
-                out_col += list(range(responses - n, responses))
-                start = end
-            allowed[r, 0, torch.arange(start, width), torch.arange(start, width)] = True   # padding sees itself
-        first = min(samples[row[0]].prompt_length for row in rows) - 1
-        mask = allowed
+        layout = layout_rows(samples, plan_shared_prompt_rows(samples, budget))
+        first = layout.first
+        mask = layout.allowed
         if self.model.config._attn_implementation == "eager":
-            mask = torch.zeros(allowed.shape, dtype=DTYPES[self.config.policy.precision]).masked_fill(
-                ~allowed, torch.finfo(DTYPES[self.config.policy.precision]).min)
-        logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                            position_ids=positions.to(self.device), use_cache=False,
-                            logits_to_keep=width - first).logits
-        picked = logits[torch.tensor(source_row), torch.tensor(source_pos) - first]
-        flat, flat_entropy = token_logprobs(picked, torch.tensor(token, device=picked.device), self.temperature,
+            mask = torch.zeros(mask.shape, dtype=DTYPES[self.config.policy.precision]).masked_fill(
+                ~mask, torch.finfo(DTYPES[self.config.policy.precision]).min)
+        logits = self.model(input_ids=layout.ids.to(self.device), attention_mask=mask.to(self.device),
+                            position_ids=layout.positions.to(self.device), use_cache=False,
+                            logits_to_keep=layout.ids.shape[1] - first).logits
+        picked = logits[layout.source_row, layout.source_pos - first]
+        flat, flat_entropy = token_logprobs(picked, layout.targets.to(picked.device), self.temperature,
                                             with_entropy, self.vocab)
-        where = (torch.tensor(out_row), torch.tensor(out_col))
-        logprobs = torch.zeros((len(samples), responses), device=flat.device).index_put(where, flat)
-        entropy = None
-        if with_entropy:
-            entropy = torch.zeros((len(samples), responses), device=flat.device).index_put(where, flat_entropy)
-        return logprobs, entropy
+        return layout.scatter(flat), (layout.scatter(flat_entropy) if with_entropy else None)
 
     def _dummy(self) -> list[Sample]:
         return [Sample(token_ids=[0, 0], prompt_length=1)]

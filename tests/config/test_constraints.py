@@ -34,9 +34,9 @@ CASES = [
     ("shared_prompt_rows", "grpo_tiny", ["policy.dynamic_batching.share_prompts=true"],
      "policy.dynamic_batching.share_prompts: shared-prompt rows are sized by the token budget: set "
      "policy.dynamic_batching.enabled=true"),
-    ("shared_prompt_rows", "grpo_swe", ["policy.dynamic_batching.share_prompts=true", "policy.backend=megatron",
-                                        "policy.megatron_cfg={bf16: true}"],
-     "policy.dynamic_batching.share_prompts: shared-prompt rows are built by the dtensor backend, not megatron"),
+    ("shared_prompt_rows", "grpo_swe", ["policy.dynamic_batching.share_prompts=true", "policy.backend=jax"],
+     "policy.dynamic_batching.share_prompts: shared-prompt rows are built by the dtensor and megatron backends, "
+     "not jax"),
     ("megatron_parallelism", "grpo_swe", ["policy.backend=megatron"],
      "policy.megatron_cfg: policy.backend is megatron, so policy.megatron_cfg must be set"),
     ("megatron_parallelism", "grpo_swe", ["policy.backend=megatron", "policy.megatron_cfg={bf16: true, expert_model_parallel_size: 3}"],

@@ -38,6 +38,16 @@ def runs(tiny_model, tiny_tied_model, tiny_qwen3_model, tmp_path_factory):
                                                  "--model", str(models[name]))
     results[("megatron-dp2", "llama")] = launch(2, root / "dp2-llama.pt", "--backend", "megatron",
                                                 "--model", str(tiny_model))
+    # shared-prompt rows: the batch's four prompts with their two responses each in one row (a wrong mask
+    # or position lets a response see its neighbour's tokens and moves its logprobs far past 1e-4)
+    shared = [f"--set={setting}" for setting in (
+        "policy.dynamic_batching.enabled=true", "policy.dynamic_batching.share_prompts=true",
+        "policy.dynamic_batching.max_tokens_per_gpu=64", "policy.max_total_sequence_length=64",
+        "policy.generation.max_new_tokens=8")]
+    results[("megatron-shared", "llama")] = launch(1, root / "shared-llama.pt", "--backend", "megatron",
+                                                   "--model", str(tiny_model), *shared)
+    results[("megatron-tp2-shared", "qwen3")] = launch(2, root / "tp2-shared-qwen3.pt", "--backend", "megatron",
+                                                       "--tp", "2", "--model", str(tiny_qwen3_model), *shared)
     step = root / "tp2-llama.pt.checkpoints" / "step_1"
     cut = Path(shutil.copytree(step, root / "cut" / "step_1"))
     shard = max((cut / "dist_ckpt").glob("*.distcp"), key=lambda p: p.stat().st_size)
@@ -49,7 +59,8 @@ def runs(tiny_model, tiny_tied_model, tiny_qwen3_model, tmp_path_factory):
 
 @pytest.mark.parametrize("world, model", [("megatron", "llama"), ("megatron", "tied"), ("megatron", "qwen3"),
                                           ("megatron-tp2", "llama"), ("megatron-tp2", "qwen3"),
-                                          ("megatron-dp2", "llama")])
+                                          ("megatron-dp2", "llama"), ("megatron-shared", "llama"),
+                                          ("megatron-tp2-shared", "qwen3")])
 def test_megatron_matches_dtensor_on_the_same_weights_and_batch(runs, world, model):
     got, want = runs[(world, model)], runs[("dtensor", model)]
     assert_trains_like(got, want)

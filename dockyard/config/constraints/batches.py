@@ -75,16 +75,16 @@ def micro_batches_fill_a_step(cfg: MasterConfig) -> Iterator[Problem]:
 
 @rule
 def shared_prompt_rows(cfg: MasterConfig) -> Iterator[Problem]:
-    """policy.dynamic_batching.share_prompts needs dynamic batching (its budget sizes the rows) and the dtensor backend."""
+    """policy.dynamic_batching.share_prompts needs dynamic batching (its budget sizes the rows) and a torch backend."""
     batching = cfg.policy.dynamic_batching
     if not batching.share_prompts:
         return
     if not batching.enabled:
         yield Problem("policy.dynamic_batching.share_prompts",
                       "shared-prompt rows are sized by the token budget: set policy.dynamic_batching.enabled=true")
-    if cfg.policy.backend != "dtensor":
+    if cfg.policy.backend not in ("dtensor", "megatron"):
         yield Problem("policy.dynamic_batching.share_prompts",
-                      f"shared-prompt rows are built by the dtensor backend, not {cfg.policy.backend}")
+                      f"shared-prompt rows are built by the dtensor and megatron backends, not {cfg.policy.backend}")
 
 
 @rule

@@ -19,8 +19,8 @@ class DynamicBatching(Section):
     share_prompts: bool = field(
         False, "Train each prompt once per group: a row holds the prompt and all its sampled responses, "
         "each response attending to the prompt and itself (block mask, per-response positions).",
-        "Needs enabled: true and the dtensor backend with sdpa or eager attention. Same logprobs as "
-        "separate rows; worth it when prompts are long next to responses.")
+        "Needs enabled: true and the megatron backend or the dtensor backend with sdpa or eager attention. "
+        "Same logprobs as separate rows; worth it when prompts are long next to responses.")
 
 
 class DTensorConfig(Section):

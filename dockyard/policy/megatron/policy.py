@@ -25,8 +25,9 @@ from dockyard.policy.base import Policy
 from dockyard.policy.megatron import convert
 from dockyard.policy.megatron.cpu import quiet_import, quiet_megatron, use_cpu
 from dockyard.policy.megatron.settings import unbuilt, upstream_settings
+from dockyard.policy.prompt_rows import layout_rows, plan_shared_micro_batches
 from dockyard.policy.samples import (PolicySetupError, Sample, TrainingInterrupted, lr_factor, plan_micro_batches,
-                                     same_count_on_every_rank)
+                                     plan_shared_prompt_rows, same_count_on_every_rank)
 from dockyard.policy.tensor_parallel import VocabShard, token_logprobs
 from dockyard.policy.training import micro_batch_loss
 
@@ -99,6 +100,7 @@ class MegatronPolicy(Policy):
 
             self.model = Float16Module(transformer, self.gpt)
         self.temperature = policy.generation.temperature or 1.0
+        self.share_prompts = policy.dynamic_batching.enabled and policy.dynamic_batching.share_prompts
         self.vocab = VocabShard(self.tp_rank * self.shape.vocab // tp, self.shape.vocab // tp, self.tp_group) \
             if tp > 1 else None
         self.optimizer = self.ddp = None
@@ -189,42 +191,28 @@ class MegatronPolicy(Policy):
     def _forward_logprobs(self, samples: list[Sample], with_entropy: bool):
         """Logprobs (and entropy) of each sample's response tokens as right-aligned [B, R] rows.
 
-        Rows are right-padded: each sequence starts at position 0, and the causal mask also hides the
-        padding keys, so no token sees another sequence's or the padding's."""
-        width = max(len(s.token_ids) for s in samples)
-        responses = max(1, max(s.response_length for s in samples))
-        ids = torch.zeros((len(samples), width), dtype=torch.long)
-        real = torch.zeros((len(samples), width), dtype=torch.bool)
-        for row, sample in enumerate(samples):
-            ids[row, :len(sample.token_ids)] = torch.tensor(sample.token_ids)
-            real[row, :len(sample.token_ids)] = True
-        causal = torch.ones(width, width, dtype=torch.bool).tril()
-        allowed = causal[None] & real[:, None, :]
-        allowed |= torch.eye(width, dtype=torch.bool)[None]    # a padding row attends to itself
-        positions = torch.arange(width)[None].expand(len(samples), width)
-        # the response tokens of each row, right-aligned; position p predicts token p + 1
-        where_row, where_pos, out_col = [], [], []
-        for row, sample in enumerate(samples):
-            n = sample.response_length
-            where_row += [row] * n
-            where_pos += list(range(sample.prompt_length - 1, len(sample.token_ids) - 1))
-            out_col += list(range(responses - n, responses))
-        rows, pos = torch.tensor(where_row, dtype=torch.long), torch.tensor(where_pos, dtype=torch.long)
-        with _output_layer_on(self.gpt, pos.to(self.device), rows.to(self.device)):
-            picked = self.model(ids.to(self.device), positions.to(self.device),
-                                (~allowed)[:, None].to(self.device))[0]
-        flat, flat_entropy = token_logprobs(picked, ids[rows, pos + 1].to(self.device), self.temperature,
+        Rows start at position 0 and hold one sample each, or a prompt once and several of its
+        responses (policy.dynamic_batching.share_prompts; prompt_rows.py); the mask hides padding keys
+        and every other response, so no token sees another sequence's or the padding's."""
+        rows = plan_shared_prompt_rows(samples, self.config.policy.dynamic_batching.max_tokens_per_gpu) \
+            if self.share_prompts else [[index] for index in range(len(samples))]
+        layout = layout_rows(samples, rows)
+        with _output_layer_on(self.gpt, layout.source_pos.to(self.device), layout.source_row.to(self.device)), \
+                _rotary_at(self.gpt, layout.positions.to(self.device)):
+            picked = self.model(layout.ids.to(self.device), layout.positions.to(self.device),
+                                (~layout.allowed).to(self.device))[0]
+        flat, flat_entropy = token_logprobs(picked, layout.targets.to(self.device), self.temperature,
                                             with_entropy, self.vocab)
-        where = (rows, torch.tensor(out_col, dtype=torch.long))
-        logprobs = torch.zeros((len(samples), responses)).index_put(where, flat)
-        entropy = torch.zeros((len(samples), responses)).index_put(where, flat_entropy) if with_entropy else None
-        return logprobs, entropy
+        return layout.scatter(flat), (layout.scatter(flat_entropy) if with_entropy else None)
 
     def _micro_batches(self, samples: list[Sample], micro_size: int) -> list[list[int]]:
         """Every rank of the world gets the same number (empty ones pad): a forward is a TP collective."""
         budget = self.config.policy.dynamic_batching
-        batches = plan_micro_batches([len(s.token_ids) for s in samples], micro_size,
-                                     budget.max_tokens_per_gpu if budget.enabled else None)
+        if self.share_prompts:
+            batches = plan_shared_micro_batches(samples, micro_size, budget.max_tokens_per_gpu)
+        else:
+            batches = plan_micro_batches([len(s.token_ids) for s in samples], micro_size,
+                                         budget.max_tokens_per_gpu if budget.enabled else None)
         return same_count_on_every_rank(batches)
 
     @torch.no_grad()
@@ -307,6 +295,21 @@ def _output_layer_on(gpt, positions: torch.Tensor, rows: torch.Tensor):
         return (hidden[positions, rows][:, None], *args[1:]), kwargs
 
     handle = gpt.output_layer.register_forward_pre_hook(select, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+@contextlib.contextmanager
+def _rotary_at(gpt, positions: torch.Tensor):
+    """RoPE at the given [rows, width] positions. GPTModel builds its rotary table for 0..width-1 and
+    ignores position_ids; a shared-prompt row's responses each restart after the prompt."""
+    def gather(module, args, table):
+        # [width, 1, 1, dim] -> [width, rows, 1, dim], which the attention broadcasts over its heads
+        return table[:, 0, 0][positions.t()][:, :, None]
+
+    handle = gpt.rotary_pos_emb.register_forward_hook(gather)
     try:
         yield
     finally:

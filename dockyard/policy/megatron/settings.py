@@ -48,9 +48,6 @@ def unbuilt(cfg: MasterConfig) -> list[Problem]:
                                 "(megatron's checkpoints of a torch SGD carry no step count); use adamw"))
     if policy.lora.enabled:
         problems.append(Problem("policy.lora.enabled", "LoRA is not built for the megatron backend; use dtensor"))
-    if policy.dynamic_batching.enabled and policy.dynamic_batching.share_prompts:
-        problems.append(Problem("policy.dynamic_batching.share_prompts", "shared-prompt rows are not built for the "
-                                "megatron backend; turn it off"))
     for name in changed_fields(cfg.policy.dtensor_cfg):
         problems.append(Problem(f"policy.dtensor_cfg.{name}", "a dtensor setting, which the megatron backend does "
                                 "not read; set its megatron_cfg counterpart (e.g. tensor_model_parallel_size, "
