@@ -52,6 +52,12 @@ class DecoderShape:
                    qkv_bias=family == "qwen2" or bool(config.get("attention_bias", False)),
                    qk_norm=family == "qwen3")
 
+    def check_stages(self, pp: int, name: str) -> None:
+        """The layers split evenly over `pp` pipeline stages (megatron's default layer placement)."""
+        if self.layers % pp:
+            raise PolicySetupError(f"policy.megatron_cfg.pipeline_model_parallel_size {pp}: {name} has {self.layers} "
+                                   f"layers, which {pp} pipeline stages cannot split evenly")
+
     def check_split(self, tp: int, name: str, setting: str = "policy.megatron_cfg.tensor_model_parallel_size",
                     devices: str = "ranks") -> None:
         """Heads, MLP width and vocabulary split evenly over `tp` tensor-parallel `devices` (`setting`)."""

@@ -56,11 +56,12 @@ def check_tensor_parallel_plan(path: str, size: int) -> list[Problem]:
 
 def check_megatron_model(cfg) -> list[Problem]:
     """The megatron converter knows the policy model's family, its heads, MLP and vocabulary split over
-    TP, and megatron-core's config classes accept the forwarded fields' values."""
+    TP and its layers over PP, and megatron-core's config classes accept the forwarded fields' values."""
     from dockyard.policy.megatron.settings import upstream_settings
 
     def check(shape, folder):
         shape.check_split(cfg.policy.megatron_cfg.tensor_model_parallel_size, folder)
+        shape.check_stages(cfg.policy.megatron_cfg.pipeline_model_parallel_size, folder)
         upstream_settings(cfg, shape, trainable=True)
     return _decoder_problems(cfg, "megatron", check)
 

@@ -53,17 +53,19 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--pp", type=int, default=1, help="megatron: pipeline stages")
     parser.add_argument("--set", action="append", default=[])
     parser.add_argument("--load", help="instead: a step saved by another layout, loaded as a reference and resumed")
     parser.add_argument("--truncated", help="with --load: a copy of a step with a cut checkpoint file, loaded too")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    world = init_trainer_world(torch.device("cpu"), timeout_s=120, model_parallel_size=args.tp)
+    world = init_trainer_world(torch.device("cpu"), timeout_s=120, model_parallel_size=args.tp * args.pp)
     overrides = [f"policy.model_name={args.model}", f"policy.backend={args.backend}",
                  f"cluster.cpu_ranks_per_node={world.world_size}", "policy.train_micro_batch_size=2",
                  "loss_fn.entropy_coef=0.01", "policy.max_grad_norm=0.05", "policy.optimizer.lr=1e-3", *args.set]
     if args.backend == "megatron":
-        overrides += [f"+policy.megatron_cfg.tensor_model_parallel_size={args.tp}"]
+        overrides += [f"+policy.megatron_cfg.tensor_model_parallel_size={args.tp}",
+                      f"+policy.megatron_cfg.pipeline_model_parallel_size={args.pp}"]
     cfg = load_config("grpo_tiny.yaml", overrides).config
     folder = args.out + ".checkpoints"   # the same on every rank
     cfg = cfg.model_copy(update={"checkpointing": cfg.checkpointing.model_copy(update={"checkpoint_dir": folder,

@@ -1,8 +1,8 @@
 """Every policy backend honours the Policy interface the same way, and the megatron backend computes
 what the dtensor backend computes: the same logprobs, losses and gradient norms on the same weights
-and batch (TP 1, TP 2, and 2 data-parallel ranks with megatron's distributed optimizer), serving
+and batch (TP 1, TP 2, PP 2, and 2 data-parallel ranks with megatron's distributed optimizer), serving
 weights under the HF names, an exact resume from its dist checkpoint and a reference loaded from it
-(also into another TP layout), and bad input refused by name. Each world is a set of worker
+(also into another TP or pipeline layout), and bad input refused by name. Each world is a set of worker
 processes (backend_worker.py): megatron's parallel state is per process."""
 
 import shutil
@@ -48,27 +48,37 @@ def runs(tiny_model, tiny_tied_model, tiny_qwen3_model, tmp_path_factory):
                                                    "--model", str(tiny_model), *shared)
     results[("megatron-tp2-shared", "qwen3")] = launch(2, root / "tp2-shared-qwen3.pt", "--backend", "megatron",
                                                        "--tp", "2", "--model", str(tiny_qwen3_model), *shared)
+    # two pipeline stages of one layer each: the tied model's output layer is the last stage's copy of the
+    # first stage's embedding, kept equal through their summed gradients
+    results[("megatron-pp2", "tied")] = launch(2, root / "pp2-tied.pt", "--backend", "megatron", "--pp", "2",
+                                               "--model", str(tiny_tied_model))
+    results[("megatron-pp2-shared", "qwen3")] = launch(2, root / "pp2-shared-qwen3.pt", "--backend", "megatron",
+                                                       "--pp", "2", "--model", str(tiny_qwen3_model), *shared)
     step = root / "tp2-llama.pt.checkpoints" / "step_1"
     cut = Path(shutil.copytree(step, root / "cut" / "step_1"))
     shard = max((cut / "dist_ckpt").glob("*.distcp"), key=lambda p: p.stat().st_size)
     shard.write_bytes(shard.read_bytes()[:shard.stat().st_size // 2])
     results["elsewhere"] = launch(1, root / "elsewhere.pt", "--backend", "megatron", "--model", str(tiny_model),
                                   "--load", str(step), "--truncated", str(cut))
+    results["elsewhere-pp"] = launch(1, root / "elsewhere-pp.pt", "--backend", "megatron", "--model",
+                                     str(tiny_tied_model), "--load", str(root / "pp2-tied.pt.checkpoints" / "step_1"))
     return results
 
 
 @pytest.mark.parametrize("world, model", [("megatron", "llama"), ("megatron", "tied"), ("megatron", "qwen3"),
                                           ("megatron-tp2", "llama"), ("megatron-tp2", "qwen3"),
                                           ("megatron-dp2", "llama"), ("megatron-shared", "llama"),
-                                          ("megatron-tp2-shared", "qwen3")])
+                                          ("megatron-tp2-shared", "qwen3"), ("megatron-pp2", "tied"),
+                                          ("megatron-pp2-shared", "qwen3")])
 def test_megatron_matches_dtensor_on_the_same_weights_and_batch(runs, world, model):
     got, want = runs[(world, model)], runs[("dtensor", model)]
     assert_trains_like(got, want)
 
 
-@pytest.mark.parametrize("backend", ["dtensor", "megatron", "megatron-tp2", "megatron-dp2"])
-def test_every_backend_resumes_exactly_and_loads_a_reference_from_its_checkpoint(runs, backend):
-    got = runs[(backend, "llama")]
+@pytest.mark.parametrize("backend, model", [("dtensor", "llama"), ("megatron", "llama"), ("megatron-tp2", "llama"),
+                                            ("megatron-dp2", "llama"), ("megatron-pp2", "tied")])
+def test_every_backend_resumes_exactly_and_loads_a_reference_from_its_checkpoint(runs, backend, model):
+    got = runs[(backend, model)]
     assert_resumes_exactly(got)
 
 
@@ -77,7 +87,13 @@ def test_a_tp2_checkpoint_loads_as_a_reference_on_one_rank_and_its_optimizer_is_
     assert "cut/step_1/dist_ckpt cannot be loaded into this model" in elsewhere["truncated"]
     assert max_diff(elsewhere["reference"], source["after_one"]) <= 1e-5
     assert "'tensor_model_parallel_size': 2" in elsewhere["resumed"]
-    assert "loads only into the same tensor-parallel and data-parallel layout" in elsewhere["resumed"]
+    assert "loads only into the same tensor-parallel, pipeline and data-parallel layout" in elsewhere["resumed"]
+
+
+def test_a_pp2_checkpoint_loads_as_a_reference_on_one_rank_and_its_optimizer_is_refused_by_name(runs):
+    elsewhere, source = runs["elsewhere-pp"], runs[("megatron-pp2", "tied")]
+    assert max_diff(elsewhere["reference"], source["after_one"]) <= 1e-5
+    assert "'pipeline_model_parallel_size': 2" in elsewhere["resumed"]
 
 
 @pytest.mark.parametrize("tp", [1, 2])
@@ -113,11 +129,13 @@ def test_bad_megatron_input_is_refused_by_name_before_training(tiny_model, tmp_p
     base = [f"models_dir={tiny_model.parent}", f"policy.model_name={tiny_model}", "policy.backend=megatron",
             "+policy.megatron_cfg.tensor_model_parallel_size=1"]
     problems = {p.path: p.message for p in unbuilt(load_config("grpo_tiny.yaml", base + [
-        "+policy.megatron_cfg.pipeline_model_parallel_size=2", "+policy.megatron_cfg.no_such_field=3",
+        "+policy.megatron_cfg.pipeline_model_parallel_size=2", "+policy.megatron_cfg.virtual_pipeline_model_parallel_size=2",
+        "+policy.megatron_cfg.no_such_field=3",
         "+policy.megatron_cfg.hidden_size=64",
         "policy.dtensor_cfg.tensor_parallel_size=2"]).config)}
     assert "which the megatron backend does not read" in problems["policy.dtensor_cfg.tensor_parallel_size"]
-    assert "pipeline parallelism is not built" in problems["policy.megatron_cfg.pipeline_model_parallel_size"]
+    assert "policy.megatron_cfg.pipeline_model_parallel_size" not in problems
+    assert "virtual pipeline stages is not built" in problems["policy.megatron_cfg.virtual_pipeline_model_parallel_size"]
     assert "TransformerConfig" in problems["policy.megatron_cfg.no_such_field"]
     assert "set by dockyard from the model folder" in problems["policy.megatron_cfg.hidden_size"]
     gpt2 = tmp_path / "gpt2"
@@ -128,3 +146,5 @@ def test_bad_megatron_input_is_refused_by_name_before_training(tiny_model, tmp_p
     shape = convert.DecoderShape.of(json.loads((tiny_model / "config.json").read_text()), str(tiny_model))
     with pytest.raises(PolicySetupError, match="tensor_model_parallel_size 3: .* 2 key/value heads"):
         shape.check_split(3, str(tiny_model))
+    with pytest.raises(PolicySetupError, match="pipeline_model_parallel_size 3: .* has 2 layers"):
+        shape.check_stages(3, str(tiny_model))

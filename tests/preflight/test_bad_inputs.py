@@ -152,6 +152,13 @@ def megatron_field_of_the_wrong_type(tmp, model):
                 "policy.megatron_cfg: megatron-core's TransformerConfig refused recompute_granularity")
 
 
+def megatron_stages_that_do_not_split_the_layers(tmp, model):
+    return Case(["policy.backend=megatron", "policy.precision=fp32", "cluster.cpu_ranks_per_node=3",
+                 "policy.megatron_cfg={pipeline_model_parallel_size: 3}"],
+                f"policy.megatron_cfg.pipeline_model_parallel_size 3: {tmp}/model has 2 layers, which 3 pipeline "
+                "stages cannot split evenly")
+
+
 def jax_mesh_that_does_not_divide_over_the_trainer_processes(tmp, model):
     return Case(["policy.backend=jax", "policy.jax_cfg.mesh.data=3"],
                 "policy.jax_cfg.mesh: data x model = 3 devices do not divide over the 2 trainer processes")
@@ -167,7 +174,7 @@ CASES = [missing_dataset, broken_jsonl_line, unreadable_parquet, missing_input_c
          sharded_index_missing_a_shard, tokenizer_that_does_not_load, chat_template_that_does_not_render,
          incomplete_resume_step, pointer_to_an_incomplete_step, checkpoint_dir_is_a_file, log_dir_inside_a_file,
          sft_conversation_without_a_reply, model_of_a_run_not_trained_yet, megatron_field_no_upstream_class_has,
-         megatron_field_of_the_wrong_type, jax_mesh_that_does_not_divide_over_the_trainer_processes, jax_mesh_that_does_not_split_the_model]
+         megatron_field_of_the_wrong_type, megatron_stages_that_do_not_split_the_layers, jax_mesh_that_does_not_divide_over_the_trainer_processes, jax_mesh_that_does_not_split_the_model]
 
 
 @pytest.fixture

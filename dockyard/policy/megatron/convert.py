@@ -95,3 +95,47 @@ def to_hf(shards: list[dict[str, torch.Tensor]], shape: DecoderShape) -> dict[st
         out[h + "mlp.up_proj.weight"] = torch.cat([up for _, up in halves])
         out[h + "mlp.down_proj.weight"] = columns(m + "mlp.linear_fc2.weight")
     return out
+
+
+def _layer_index(name: str) -> int | None:
+    parts = name.split(".")
+    return int(parts[2]) if name.startswith("decoder.layers.") else None
+
+
+def _renumbered(name: str, shift: int) -> str:
+    parts = name.split(".")
+    parts[2] = str(int(parts[2]) + shift)
+    return ".".join(parts)
+
+
+def stage_of(state: dict[str, torch.Tensor], shape: DecoderShape, pp: int, stage: int) -> dict[str, torch.Tensor]:
+    """One pipeline stage's part of a whole-model GPTModel state dict: its layers numbered from 0, the
+    embedding on the first stage, the final norm and the output layer on the last. With tied weights the
+    last stage holds its own copy of the embedding as the output layer (megatron keeps the two equal by
+    summing their gradients)."""
+    per_stage = shape.layers // pp
+    first, last = stage == 0, stage == pp - 1
+    out = {}
+    for name, tensor in state.items():
+        layer = _layer_index(name)
+        if layer is not None:
+            if stage * per_stage <= layer < (stage + 1) * per_stage:
+                out[_renumbered(name, -stage * per_stage)] = tensor
+        elif name.startswith("embedding.") and first or not name.startswith("embedding.") and last:
+            out[name] = tensor
+    if last and shape.tied and pp > 1:
+        out["output_layer.weight"] = state["embedding.word_embeddings.weight"]
+    return out
+
+
+def whole_model(stages: list[dict[str, torch.Tensor]], shape: DecoderShape) -> dict[str, torch.Tensor]:
+    """The inverse of stage_of: every stage's state dict (in stage order) as one whole-model state dict."""
+    per_stage = shape.layers // len(stages)
+    out = {}
+    for stage, state in enumerate(stages):
+        for name, tensor in state.items():
+            if _layer_index(name) is not None:
+                out[_renumbered(name, stage * per_stage)] = tensor
+            elif not (shape.tied and name == "output_layer.weight"):
+                out[name] = tensor
+    return out

@@ -63,34 +63,46 @@ class MegatronPolicy(Policy):
             from megatron.core.tensor_parallel.random import initialize_rng_tracker
         self.parallel = parallel_state
         megatron = policy.megatron_cfg
-        tp = megatron.tensor_model_parallel_size
-        if world.world_size % tp:
-            raise PolicySetupError(f"policy.megatron_cfg.tensor_model_parallel_size {tp}: the trainer world has "
-                                   f"{world.world_size} ranks")
+        tp, pp = megatron.tensor_model_parallel_size, megatron.pipeline_model_parallel_size
+        if world.world_size % (tp * pp):
+            raise PolicySetupError(f"policy.megatron_cfg: tensor_model_parallel_size {tp} x pipeline_model_parallel_size "
+                                   f"{pp} does not divide the trainer world of {world.world_size} ranks")
         if not parallel_state.model_parallel_is_initialized():
-            parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+            # one model's ranks are neighbours (TP innermost, then the pipeline stages), as the trainer world's
+            # data ranks (WorldInfo: rank // model_parallel_size) assume
+            parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                                     order="tp-cp-ep-pp-dp")
             # dropout is off (the trainer's logprobs are the servers' policy): no per-rank RNG streams needed
             initialize_rng_tracker(inference_rng_tracker=True)
             if world.is_main and trainable:
                 optimizer = "distributed optimizer" if policy.megatron_cfg.use_distributed_optimizer else "optimizer"
-                print(f"dockyard: megatron trainer mesh: {world.world_size} rank(s) = {world.world_size // tp} "
-                      f"data-parallel x {tp} tensor-parallel (megatron DDP and its {optimizer} over data-parallel; "
-                      f"each tensor-parallel group is {tp} neighbouring ranks)", file=sys.stderr, flush=True)
+                stages = f" x {pp} pipeline stages" if pp > 1 else ""
+                print(f"dockyard: megatron trainer mesh: {world.world_size} rank(s) = {world.world_size // (tp * pp)} "
+                      f"data-parallel x {tp} tensor-parallel{stages} (megatron DDP and its {optimizer} over "
+                      f"data-parallel; each model's {tp * pp} rank(s) are neighbours, tensor-parallel innermost)",
+                      file=sys.stderr, flush=True)
         self.tp, self.tp_rank = tp, parallel_state.get_tensor_model_parallel_rank()
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
+        self.pp, self.stage = pp, parallel_state.get_pipeline_model_parallel_rank()
+        self.first_stage, self.last_stage = self.stage == 0, self.stage == pp - 1
+        self.pp_group = parallel_state.get_pipeline_model_parallel_group()
+        self.last_stage_rank = parallel_state.get_pipeline_model_parallel_last_rank()
+        self.first_stage_rank = parallel_state.get_pipeline_model_parallel_first_rank()
         self.dp_group = parallel_state.get_data_parallel_group()
         self.dp_size = parallel_state.get_data_parallel_world_size()
         self.folder = model_folder(model_path or policy.model_name)
         hf_config = json.loads((self.folder / "config.json").read_text())
         self.shape = convert.DecoderShape.of(hf_config, str(self.folder))
         self.shape.check_split(tp, str(self.folder))
+        self.shape.check_stages(pp, str(self.folder))
         transformer, ddp, optimizer = upstream_settings(config, self.shape, trainable)
         self.transformer_config = transformer
         spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=self.shape.qk_norm)
         with quiet_import():
             self.gpt = GPTModel(config=transformer, transformer_layer_spec=spec, vocab_size=self.shape.vocab,
                                 max_sequence_length=self.shape.max_positions, position_embedding_type="rope",
-                                rotary_base=self.shape.rope_theta, share_embeddings_and_output_weights=self.shape.tied)
+                                rotary_base=self.shape.rope_theta, share_embeddings_and_output_weights=self.shape.tied,
+                                pre_process=self.first_stage, post_process=self.last_stage)
         self._load_hf(_hf_weights(self.folder))
         # bf16 / fp16 as megatron trains them: the model's weights in half precision (logits back in
         # fp32), the optimizer's fp32 main copies made from them
@@ -121,7 +133,8 @@ class MegatronPolicy(Policy):
 
     def _load_hf(self, hf: dict[str, torch.Tensor]) -> None:
         try:
-            state = convert.to_megatron(hf, self.shape, self.tp, self.tp_rank)
+            state = convert.stage_of(convert.to_megatron(hf, self.shape, self.tp, self.tp_rank), self.shape, self.pp,
+                                     self.stage)
         except KeyError as err:
             raise PolicySetupError(f"{self.folder}: weight {err.args[0]} is missing for a {self.shape.family} "
                                    "model") from None
@@ -136,7 +149,8 @@ class MegatronPolicy(Policy):
                     tensor.copy_(state[name].to(tensor.dtype))
 
     def _gathered_hf(self) -> dict[str, torch.Tensor]:
-        """Full HF weights on rank 0 (every rank calls it; the TP groups gather their shards)."""
+        """Full HF weights on rank 0 (every rank calls it; the TP groups gather their shards, then the
+        pipeline stages send theirs to the first stage)."""
         local = {name: t.detach() for name, t in self.gpt.state_dict().items() if not name.endswith("_extra_state")}
         if self.tp == 1:
             shards = [local]
@@ -147,6 +161,12 @@ class MegatronPolicy(Policy):
                 dist.all_gather(parts, tensor.contiguous(), group=self.tp_group)
                 for rank, part in enumerate(parts):
                     shards[rank][name] = part
+        if self.pp > 1:
+            stages = [None] * self.pp if self.first_stage else None
+            dist.gather_object(shards, stages, dst=self.first_stage_rank, group=self.pp_group)
+            if not self.first_stage:
+                return {}
+            shards = [convert.whole_model([stage[rank] for stage in stages], self.shape) for rank in range(self.tp)]
         if not self.world.is_main:
             return {}
         return convert.to_hf(shards, self.shape)
@@ -188,22 +208,62 @@ class MegatronPolicy(Policy):
 
     # --- forward ------------------------------------------------------------------------------
 
-    def _forward_logprobs(self, samples: list[Sample], with_entropy: bool):
-        """Logprobs (and entropy) of each sample's response tokens as right-aligned [B, R] rows.
-
-        Rows start at position 0 and hold one sample each, or a prompt once and several of its
-        responses (policy.dynamic_batching.share_prompts; prompt_rows.py); the mask hides padding keys
-        and every other response, so no token sees another sequence's or the padding's."""
+    def _layout(self, samples: list[Sample]):
+        """Rows of one sample each, or a prompt once and several of its responses
+        (policy.dynamic_batching.share_prompts; prompt_rows.py): the mask hides padding keys and every
+        other response, so no token sees another sequence's or the padding's."""
         rows = plan_shared_prompt_rows(samples, self.config.policy.dynamic_batching.max_tokens_per_gpu) \
             if self.share_prompts else [[index] for index in range(len(samples))]
-        layout = layout_rows(samples, rows)
-        with _output_layer_on(self.gpt, layout.source_pos.to(self.device), layout.source_row.to(self.device)), \
-                _rotary_at(self.gpt, layout.positions.to(self.device)):
-            picked = self.model(layout.ids.to(self.device), layout.positions.to(self.device),
-                                (~layout.allowed).to(self.device))[0]
-        flat, flat_entropy = token_logprobs(picked, layout.targets.to(self.device), self.temperature,
+        return layout_rows(samples, rows)
+
+    def _stage_forward(self, layout):
+        """This pipeline stage's forward of a micro-batch: hidden states for the next stage, or on the last
+        stage the logits of the positions that predict a response token ([1, n, vocab / TP])."""
+        picked_only = _output_layer_on(self.gpt, layout.source_pos.to(self.device),
+                                       layout.source_row.to(self.device)) if self.last_stage else contextlib.nullcontext()
+        with picked_only, _rotary_at(self.gpt, layout.positions.to(self.device)):
+            return self.model(layout.ids.to(self.device), layout.positions.to(self.device),
+                              (~layout.allowed).to(self.device))
+
+    def _token_logprobs(self, layout, output, with_entropy: bool):
+        """Right-aligned [B, R] logprobs (and entropy) from the last stage's output."""
+        flat, flat_entropy = token_logprobs(output[0], layout.targets.to(self.device), self.temperature,
                                             with_entropy, self.vocab)
         return layout.scatter(flat), (layout.scatter(flat_entropy) if with_entropy else None)
+
+    def _run_schedule(self, samples: list[Sample], batches: list[list[int]], on_logits, forward_only: bool,
+                      before_each: Callable[[], None] | None = None) -> None:
+        """Every micro-batch through megatron's schedule (1F1B over the pipeline stages; forward and backward
+        in turn without one): `on_logits(batch, layout, output)` runs on the last stage and returns the
+        micro-batch's loss (training) or anything (forward_only); `before_each` before each forward."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        def forward_step(data_iterator, model):
+            if before_each is not None:
+                before_each()
+            batch = next(data_iterator)
+            chosen = [samples[i] for i in batch] or [Sample(token_ids=[0, 0], prompt_length=1)]
+            layout = self._layout(chosen)
+            output = self._stage_forward(layout)
+
+            def loss_func(output_tensor):
+                loss = on_logits(batch, layout, output_tensor)
+                return (loss if loss is not None else output_tensor.sum() * 0.0), {}
+
+            return output, loss_func
+
+        get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(batches),
+                                    model=[self.ddp if self.ddp is not None else self.model],
+                                    num_microbatches=len(batches), seq_length=0, micro_batch_size=0,
+                                    forward_only=forward_only)
+
+    def _from_last_stage(self, value):
+        """`value` of the last pipeline stage on every stage of this pipeline."""
+        if self.pp == 1:
+            return value
+        box = [value if self.last_stage else None]
+        dist.broadcast_object_list(box, src=self.last_stage_rank, group=self.pp_group)
+        return box[0]
 
     def _micro_batches(self, samples: list[Sample], micro_size: int) -> list[list[int]]:
         """Every rank of the world gets the same number (empty ones pad): a forward is a TP collective."""
@@ -219,12 +279,15 @@ class MegatronPolicy(Policy):
     def logprobs(self, samples: list[Sample]) -> list[torch.Tensor]:
         policy = self.config.policy
         out: list[torch.Tensor | None] = [None] * len(samples)
-        for batch in self._micro_batches(samples, policy.logprob_batch_size or policy.train_micro_batch_size):
-            chosen = [samples[i] for i in batch] or [Sample(token_ids=[0, 0], prompt_length=1)]
-            logprobs, _ = self._forward_logprobs(chosen, with_entropy=False)
+
+        def keep(batch, layout, output):
+            logprobs, _ = self._token_logprobs(layout, output, with_entropy=False)
             for row, index in enumerate(batch):
                 out[index] = logprobs[row, logprobs.shape[1] - samples[index].response_length:].cpu()
-        return out
+
+        self._run_schedule(samples, self._micro_batches(samples, policy.logprob_batch_size or
+                                                        policy.train_micro_batch_size), keep, forward_only=True)
+        return self._from_last_stage(out)
 
     # --- training -----------------------------------------------------------------------------
 
@@ -237,31 +300,50 @@ class MegatronPolicy(Policy):
 
     def train_mini_batch(self, samples: list[Sample], old_logprobs, ref_logprobs, loss_fn,
                          interrupt: Callable[[], bool] | None = None, before_loss=None) -> dict[str, float]:
+        """One optimizer step. A stop is asked for before the first micro-batch only when the model has
+        pipeline stages (each stage runs its micro-batches at its own time in the schedule), else before each."""
         from megatron.core.distributed import finalize_model_grads
 
         policy, loss_cfg = self.config.policy, self.config.loss_fn
         masks = [s.response_mask() for s in samples]
         totals = self._sum_over_data([float(sum(m.sum() for m in masks)), float(len(samples))])
+        batches = self._micro_batches(samples, policy.train_micro_batch_size)
+        sums: dict[str, float] = {}
+        loss_value = [0.0]
+        seen_before_loss: list[tuple[list[int], list[torch.Tensor]]] = []
+
+        def stop_if_asked():
+            if interrupt():
+                raise TrainingInterrupted()
+
+        def loss_of(batch, layout, output):
+            def recorded_before_loss(batch_samples, batch_old):
+                seen_before_loss.append((batch, batch_old))
+                before_loss(batch_samples, batch_old)
+
+            logprobs, entropy = self._token_logprobs(layout, output, with_entropy=True)
+            share = micro_batch_loss(samples, batch, logprobs, entropy, masks, old_logprobs, ref_logprobs, loss_fn,
+                                     loss_cfg, (float(totals[0]), float(totals[1])),
+                                     recorded_before_loss if before_loss is not None else None, sums)
+            loss_value[0] += float(share.detach())
+            # megatron's DDP averages gradients over the data-parallel ranks and its schedule divides each
+            # micro-batch's loss by their count; the share is already a fraction of the whole mini-batch
+            return share * self.dp_size * len(batches)
+
+        if interrupt is not None and self.pp > 1:
+            stop_if_asked()
         self.ddp.train()
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
-        sums: dict[str, float] = {}
-        loss_value = 0.0
         try:
-            for batch in self._micro_batches(samples, policy.train_micro_batch_size):
-                if interrupt is not None and interrupt():
-                    self.ddp.zero_grad_buffer()
-                    raise TrainingInterrupted()
-                chosen = [samples[i] for i in batch] or [Sample(token_ids=[0, 0], prompt_length=1)]
-                logprobs, entropy = self._forward_logprobs(chosen, with_entropy=True)
-                share = micro_batch_loss(samples, batch, logprobs, entropy, masks, old_logprobs, ref_logprobs,
-                                         loss_fn, loss_cfg, (float(totals[0]), float(totals[1])), before_loss, sums)
-                # megatron's DDP averages gradients over the data-parallel ranks; the share is already a
-                # fraction of the whole mini-batch, so the average is undone to make it a sum
-                (share * self.dp_size).backward()
-                loss_value += float(share.detach())
+            try:
+                self._run_schedule(samples, batches, loss_of, forward_only=False,
+                                   before_each=stop_if_asked if interrupt is not None and self.pp == 1 else None)
+            except TrainingInterrupted:
+                self.ddp.zero_grad_buffer()
+                raise
             # the data-parallel reduction, and the sums megatron owes replicated weights that see part of the
-            # model per TP rank (Qwen3's q/k norms) or that are shared between pipeline stages
+            # model per TP rank (Qwen3's q/k norms) or that are shared between pipeline stages (tied embeddings)
             finalize_model_grads([self.ddp])
             succeeded, grad_norm, _ = self.optimizer.step()
         finally:
@@ -271,7 +353,12 @@ class MegatronPolicy(Policy):
         self.optimizer_steps += 1
         lr = self.optimizer.param_groups[0]["lr"]
         self._set_lr()
-        reduced = self._sum_over_data([loss_value] + [sums[k] for k in sorted(sums)])
+        loss, sums, seen = self._from_last_stage((loss_value[0], sums, seen_before_loss))
+        if before_loss is not None and not self.last_stage:
+            # the loop's safeguard figures are kept by rank 0, which is the first stage: the same calls there
+            for indices, batch_old in seen:
+                before_loss([samples[i] for i in indices], batch_old)
+        reduced = self._sum_over_data([loss] + [sums[k] for k in sorted(sums)])
         result = {"loss": float(reduced[0]), "grad_norm": float(grad_norm if grad_norm is not None else 0.0),
                   "lr": lr}
         for index, name in enumerate(sorted(sums), start=1):
@@ -367,7 +454,7 @@ class MegatronState:
                 raise CheckpointLoadError(
                     f"{folder}: its optimizer state was saved by a megatron world of {saved}, and this run is "
                     f"{self._layout()}; megatron's dp_reshardable optimizer state loads only into the same "
-                    "tensor-parallel and data-parallel layout (the weights load into any: use the step as "
+                    "tensor-parallel, pipeline and data-parallel layout (the weights load into any: use the step as "
                     "loss_fn.reference_model.checkpoint_path, or resume from its HF export as policy.model_name)")
             self._fill_empty_optimizer_state()
         try:
@@ -384,7 +471,8 @@ class MegatronState:
 
     def _layout(self) -> dict[str, Any]:
         megatron = self.policy.config.policy.megatron_cfg
-        return {"tensor_model_parallel_size": self.policy.tp, "data_parallel_size": self.policy.dp_size,
+        return {"tensor_model_parallel_size": self.policy.tp, "pipeline_model_parallel_size": self.policy.pp,
+                "data_parallel_size": self.policy.dp_size,
                 "use_distributed_optimizer": megatron.use_distributed_optimizer}
 
     def _fill_empty_optimizer_state(self) -> None:

@@ -21,7 +21,8 @@ from dockyard.policy.samples import PolicySetupError
 _DERIVED = {"num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "ffn_hidden_size",
             "normalization", "layernorm_epsilon", "gated_linear_unit", "activation_func", "add_bias_linear",
             "add_qkv_bias", "qk_layernorm", "params_dtype", "lr", "weight_decay", "adam_beta1", "adam_beta2",
-            "adam_eps", "clip_grad", "optimizer", "hidden_dropout", "attention_dropout"}
+            "adam_eps", "clip_grad", "optimizer", "hidden_dropout", "attention_dropout", "pipeline_dtype",
+            "variable_seq_lengths"}
 _PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -32,7 +33,6 @@ def unbuilt(cfg: MasterConfig) -> list[Problem]:
     m, policy = cfg.policy.megatron_cfg, cfg.policy
     problems = []
     for name, value, what in (
-            ("pipeline_model_parallel_size", m.pipeline_model_parallel_size > 1, "pipeline parallelism"),
             ("virtual_pipeline_model_parallel_size", m.virtual_pipeline_model_parallel_size is not None,
              "virtual pipeline stages"),
             ("context_parallel_size", m.context_parallel_size > 1, "context parallelism"),
@@ -91,6 +91,16 @@ def _split(extra: dict, cls) -> dict:
     return {k: v for k, v in extra.items() if k in names}
 
 
+def _pipeline_settings(m, dtype) -> dict:
+    """Pipeline stages exchange activations of each micro-batch's own shape (rows and widths vary with
+    the samples); megatron refuses variable shapes with its default MoE dispatcher even in a dense model.
+    Point-to-point sends one at a time (batch_p2p_comm false) unless megatron_cfg forwards it."""
+    if m.pipeline_model_parallel_size == 1:
+        return {}
+    return {"pipeline_model_parallel_size": m.pipeline_model_parallel_size, "pipeline_dtype": dtype,
+            "variable_seq_lengths": True, "batch_p2p_comm": False, "moe_token_dispatcher_type": "alltoall"}
+
+
 def upstream_settings(cfg: MasterConfig, shape, trainable: bool):
     """(TransformerConfig, DistributedDataParallelConfig, OptimizerConfig) for this run."""
     TransformerConfig, DDPConfig, OptimizerConfig = _upstream_classes()
@@ -116,8 +126,9 @@ def upstream_settings(cfg: MasterConfig, shape, trainable: bool):
             normalization="RMSNorm", layernorm_epsilon=shape.norm_eps, gated_linear_unit=True, activation_func=F.silu,
             add_bias_linear=False, add_qkv_bias=shape.qkv_bias, qk_layernorm=shape.qk_norm, hidden_dropout=0.0,
             attention_dropout=0.0, use_cpu_initialization=True, params_dtype=dtype, bf16=m.bf16, fp16=m.fp16,
-            tensor_model_parallel_size=m.tensor_model_parallel_size,
-            # the fused kernels are CUDA builds; the plain torch paths compute the same
+            tensor_model_parallel_size=m.tensor_model_parallel_size, **_pipeline_settings(m, dtype),
+            # the fused kernels are CUDA builds; the plain torch paths compute the same (and the fused
+            # causal softmax would ignore the block mask of shared-prompt rows)
             bias_activation_fusion=False, bias_dropout_fusion=False, apply_rope_fusion=False,
             masked_softmax_fusion=False, persist_layer_norm=False, gradient_accumulation_fusion=False)
     if not trainable:
