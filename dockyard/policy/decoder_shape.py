@@ -52,11 +52,17 @@ class DecoderShape:
                    qkv_bias=family == "qwen2" or bool(config.get("attention_bias", False)),
                    qk_norm=family == "qwen3")
 
-    def check_stages(self, pp: int, name: str) -> None:
-        """The layers split evenly over `pp` pipeline stages (megatron's default layer placement)."""
-        if self.layers % pp:
+    def check_stages(self, pp: int, name: str, chunks: int = 1) -> None:
+        """The layers split evenly over `pp` pipeline stages of `chunks` model chunks each (megatron's
+        default layer placement)."""
+        if self.layers % (pp * chunks) == 0:
+            return
+        if chunks == 1:
             raise PolicySetupError(f"policy.megatron_cfg.pipeline_model_parallel_size {pp}: {name} has {self.layers} "
                                    f"layers, which {pp} pipeline stages cannot split evenly")
+        raise PolicySetupError(f"policy.megatron_cfg.virtual_pipeline_model_parallel_size {chunks}: {name} has "
+                               f"{self.layers} layers, which {pp} pipeline stages x {chunks} model chunks cannot "
+                               "split evenly")
 
     def check_split(self, tp: int, name: str, setting: str = "policy.megatron_cfg.tensor_model_parallel_size",
                     devices: str = "ranks") -> None:

@@ -43,6 +43,17 @@ class RowLayout:
         """The first position that predicts a response token (the shortest prompt's last)."""
         return int(self.source_pos.min())
 
+    def padded(self, rows: int, width: int) -> "RowLayout":
+        """The same rows in a [rows, width] shape (padding rows and columns attend to themselves only), for
+        a schedule that sends every micro-batch's activations in one fixed shape."""
+        ids = torch.zeros((rows, width), dtype=torch.long)
+        positions = torch.zeros((rows, width), dtype=torch.long)
+        allowed = torch.eye(width, dtype=torch.bool).expand(rows, 1, width, width).clone()
+        r, w = self.ids.shape
+        ids[:r, :w], positions[:r, :w], allowed[:r, :, :w, :w] = self.ids, self.positions, self.allowed
+        return RowLayout(ids, positions, allowed, self.source_row, self.source_pos, self.targets, self.where,
+                         self.responses, self.samples)
+
     def scatter(self, values: torch.Tensor) -> torch.Tensor:
         """Per-token values in output order -> [samples, responses], right-aligned, zeros elsewhere."""
         out = torch.zeros((self.samples, self.responses), dtype=values.dtype, device=values.device)

@@ -61,7 +61,9 @@ def check_megatron_model(cfg) -> list[Problem]:
 
     def check(shape, folder):
         shape.check_split(cfg.policy.megatron_cfg.tensor_model_parallel_size, folder)
-        shape.check_stages(cfg.policy.megatron_cfg.pipeline_model_parallel_size, folder)
+        megatron = cfg.policy.megatron_cfg
+        shape.check_stages(megatron.pipeline_model_parallel_size, folder,
+                           megatron.virtual_pipeline_model_parallel_size or 1)
         upstream_settings(cfg, shape, trainable=True)
     return _decoder_problems(cfg, "megatron", check)
 

@@ -1,6 +1,6 @@
 """Every policy backend honours the Policy interface the same way, and the megatron backend computes
 what the dtensor backend computes: the same logprobs, losses and gradient norms on the same weights
-and batch (TP 1, TP 2, PP 2, and 2 data-parallel ranks with megatron's distributed optimizer), serving
+and batch (TP 1, TP 2, PP 2 with and without interleaved model chunks, and 2 data-parallel ranks with megatron's distributed optimizer), serving
 weights under the HF names, an exact resume from its dist checkpoint and a reference loaded from it
 (also into another TP or pipeline layout), and bad input refused by name. Each world is a set of worker
 processes (backend_worker.py): megatron's parallel state is per process."""
@@ -25,14 +25,29 @@ def launch(world: int, out: Path, *args: str, timeout: int = 300) -> dict:
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_model, tiny_tied_model, tiny_qwen3_model, tmp_path_factory):
+def tiny_deep_model(tiny_tied_model, tmp_path_factory) -> Path:
+    """The tied tiny Llama with 4 layers: 2 pipeline stages x 2 model chunks of one layer each."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tests.conftest import _with_tiny_tokenizer
+
+    config = AutoConfig.from_pretrained(tiny_tied_model)
+    config.num_hidden_layers = 4
+    torch.manual_seed(5)
+    return _with_tiny_tokenizer(AutoModelForCausalLM.from_config(config), tiny_tied_model,
+                                tmp_path_factory.mktemp("models") / "tiny-deep")
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model, tiny_tied_model, tiny_qwen3_model, tiny_deep_model, tmp_path_factory):
     root = tmp_path_factory.mktemp("backends")
-    models = {"llama": tiny_model, "tied": tiny_tied_model, "qwen3": tiny_qwen3_model}
+    models = {"llama": tiny_model, "tied": tiny_tied_model, "qwen3": tiny_qwen3_model, "deep": tiny_deep_model}
     results = {}
     for name, model in models.items():
         results[("dtensor", name)] = launch(1, root / f"dtensor-{name}.pt", "--backend", "dtensor", "--model", str(model))
-        results[("megatron", name)] = launch(1, root / f"megatron-{name}.pt", "--backend", "megatron",
-                                             "--model", str(model))
+        if name != "deep":
+            results[("megatron", name)] = launch(1, root / f"megatron-{name}.pt", "--backend", "megatron",
+                                                 "--model", str(model))
     for name in ("llama", "qwen3"):
         results[("megatron-tp2", name)] = launch(2, root / f"tp2-{name}.pt", "--backend", "megatron", "--tp", "2",
                                                  "--model", str(models[name]))
@@ -60,6 +75,12 @@ def runs(tiny_model, tiny_tied_model, tiny_qwen3_model, tmp_path_factory):
     shard.write_bytes(shard.read_bytes()[:shard.stat().st_size // 2])
     results["elsewhere"] = launch(1, root / "elsewhere.pt", "--backend", "megatron", "--model", str(tiny_model),
                                   "--load", str(step), "--truncated", str(cut))
+    # interleaved: each stage holds 2 model chunks (virtual stages 0 and 2 on the first, 1 and 3 on the last)
+    results[("megatron-vpp", "deep")] = launch(2, root / "vpp-deep.pt", "--backend", "megatron", "--pp", "2",
+                                               "--set=+policy.megatron_cfg.virtual_pipeline_model_parallel_size=2",
+                                               "--model", str(tiny_deep_model))
+    results["elsewhere-vpp"] = launch(1, root / "elsewhere-vpp.pt", "--backend", "megatron", "--model",
+                                      str(tiny_deep_model), "--load", str(root / "vpp-deep.pt.checkpoints" / "step_1"))
     results["elsewhere-pp"] = launch(1, root / "elsewhere-pp.pt", "--backend", "megatron", "--model",
                                      str(tiny_tied_model), "--load", str(root / "pp2-tied.pt.checkpoints" / "step_1"))
     return results
@@ -69,14 +90,15 @@ def runs(tiny_model, tiny_tied_model, tiny_qwen3_model, tmp_path_factory):
                                           ("megatron-tp2", "llama"), ("megatron-tp2", "qwen3"),
                                           ("megatron-dp2", "llama"), ("megatron-shared", "llama"),
                                           ("megatron-tp2-shared", "qwen3"), ("megatron-pp2", "tied"),
-                                          ("megatron-pp2-shared", "qwen3")])
+                                          ("megatron-pp2-shared", "qwen3"), ("megatron-vpp", "deep")])
 def test_megatron_matches_dtensor_on_the_same_weights_and_batch(runs, world, model):
     got, want = runs[(world, model)], runs[("dtensor", model)]
     assert_trains_like(got, want)
 
 
 @pytest.mark.parametrize("backend, model", [("dtensor", "llama"), ("megatron", "llama"), ("megatron-tp2", "llama"),
-                                            ("megatron-dp2", "llama"), ("megatron-pp2", "tied")])
+                                            ("megatron-dp2", "llama"), ("megatron-pp2", "tied"),
+                                            ("megatron-vpp", "deep")])
 def test_every_backend_resumes_exactly_and_loads_a_reference_from_its_checkpoint(runs, backend, model):
     got = runs[(backend, model)]
     assert_resumes_exactly(got)
@@ -90,8 +112,11 @@ def test_a_tp2_checkpoint_loads_as_a_reference_on_one_rank_and_its_optimizer_is_
     assert "loads only into the same tensor-parallel, pipeline and data-parallel layout" in elsewhere["resumed"]
 
 
-def test_a_pp2_checkpoint_loads_as_a_reference_on_one_rank_and_its_optimizer_is_refused_by_name(runs):
-    elsewhere, source = runs["elsewhere-pp"], runs[("megatron-pp2", "tied")]
+@pytest.mark.parametrize("elsewhere, source", [("elsewhere-pp", ("megatron-pp2", "tied")),
+                                               ("elsewhere-vpp", ("megatron-vpp", "deep"))])
+def test_a_pipelined_checkpoint_loads_as_a_reference_on_one_rank_and_its_optimizer_is_refused_by_name(
+        runs, elsewhere, source):
+    elsewhere, source = runs[elsewhere], runs[source]
     assert max_diff(elsewhere["reference"], source["after_one"]) <= 1e-5
     assert "'pipeline_model_parallel_size': 2" in elsewhere["resumed"]
 
@@ -129,13 +154,13 @@ def test_bad_megatron_input_is_refused_by_name_before_training(tiny_model, tmp_p
     base = [f"models_dir={tiny_model.parent}", f"policy.model_name={tiny_model}", "policy.backend=megatron",
             "+policy.megatron_cfg.tensor_model_parallel_size=1"]
     problems = {p.path: p.message for p in unbuilt(load_config("grpo_tiny.yaml", base + [
-        "+policy.megatron_cfg.pipeline_model_parallel_size=2", "+policy.megatron_cfg.virtual_pipeline_model_parallel_size=2",
+        "+policy.megatron_cfg.pipeline_model_parallel_size=2", "+policy.megatron_cfg.optimizer_cpu_offload=true",
         "+policy.megatron_cfg.no_such_field=3",
         "+policy.megatron_cfg.hidden_size=64",
         "policy.dtensor_cfg.tensor_parallel_size=2"]).config)}
     assert "which the megatron backend does not read" in problems["policy.dtensor_cfg.tensor_parallel_size"]
     assert "policy.megatron_cfg.pipeline_model_parallel_size" not in problems
-    assert "virtual pipeline stages is not built" in problems["policy.megatron_cfg.virtual_pipeline_model_parallel_size"]
+    assert "optimizer CPU offload is not built" in problems["policy.megatron_cfg.optimizer_cpu_offload"]
     assert "TransformerConfig" in problems["policy.megatron_cfg.no_such_field"]
     assert "set by dockyard from the model folder" in problems["policy.megatron_cfg.hidden_size"]
     gpt2 = tmp_path / "gpt2"
@@ -148,3 +173,6 @@ def test_bad_megatron_input_is_refused_by_name_before_training(tiny_model, tmp_p
         shape.check_split(3, str(tiny_model))
     with pytest.raises(PolicySetupError, match="pipeline_model_parallel_size 3: .* has 2 layers"):
         shape.check_stages(3, str(tiny_model))
+    with pytest.raises(PolicySetupError, match="virtual_pipeline_model_parallel_size 2: .* 2 layers, which 2 pipeline "
+                                               "stages x 2 model chunks cannot split evenly"):
+        shape.check_stages(2, str(tiny_model), 2)

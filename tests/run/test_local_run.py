@@ -271,15 +271,15 @@ def test_unsupported_features_and_missing_model_are_refused_before_starting(tmp_
                  "policy.dtensor_cfg.tensor_parallel_size=2", "policy.backend=megatron",
                  "generation=vllm", "policy.generation.allow_multimodal_inputs=true",
                  "+policy.megatron_cfg.bf16=false", "+policy.megatron_cfg.pipeline_model_parallel_size=2",
-                 "+policy.megatron_cfg.virtual_pipeline_model_parallel_size=2", "loss_fn.reference_policy_kl_penalty=0.1",
+                 "+policy.megatron_cfg.optimizer_cpu_offload=true", "loss_fn.reference_policy_kl_penalty=0.1",
                  "loss_fn.reference_model.hf_path=/no/reference")
     assert result.returncode == 2
     assert "policy.dtensor_cfg.context_parallel_size: context parallelism together with tensor parallelism is " \
            "not built yet" in result.stdout
     assert "policy.generation.allow_multimodal_inputs: nothing in this run carries images" in result.stdout
     assert "loss_fn.reference_model.hf_path: no model folder at" in result.stdout
-    assert "policy.megatron_cfg.virtual_pipeline_model_parallel_size: virtual pipeline stages is not built for the " \
-           "megatron backend yet" in result.stdout
+    assert "policy.megatron_cfg.optimizer_cpu_offload: optimizer CPU offload is not built for the megatron " \
+           "backend yet" in result.stdout
     assert "policy.model_name: no model folder at" in result.stdout and "make_tiny_model.py" in result.stdout
     assert "Traceback" not in result.stdout
     assert not (tmp_path / "runs").exists()

@@ -64,19 +64,22 @@ class MegatronPolicy(Policy):
         self.parallel = parallel_state
         megatron = policy.megatron_cfg
         tp, pp = megatron.tensor_model_parallel_size, megatron.pipeline_model_parallel_size
+        chunks = megatron.virtual_pipeline_model_parallel_size or 1
         if world.world_size % (tp * pp):
             raise PolicySetupError(f"policy.megatron_cfg: tensor_model_parallel_size {tp} x pipeline_model_parallel_size "
                                    f"{pp} does not divide the trainer world of {world.world_size} ranks")
         if not parallel_state.model_parallel_is_initialized():
             # one model's ranks are neighbours (TP innermost, then the pipeline stages), as the trainer world's
             # data ranks (WorldInfo: rank // model_parallel_size) assume
-            parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                                                     order="tp-cp-ep-pp-dp")
+            parallel_state.initialize_model_parallel(
+                tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, order="tp-cp-ep-pp-dp",
+                virtual_pipeline_model_parallel_size=megatron.virtual_pipeline_model_parallel_size)
             # dropout is off (the trainer's logprobs are the servers' policy): no per-rank RNG streams needed
             initialize_rng_tracker(inference_rng_tracker=True)
             if world.is_main and trainable:
                 optimizer = "distributed optimizer" if policy.megatron_cfg.use_distributed_optimizer else "optimizer"
                 stages = f" x {pp} pipeline stages" if pp > 1 else ""
+                stages += f" of {chunks} model chunks each (interleaved)" if chunks > 1 else ""
                 print(f"dockyard: megatron trainer mesh: {world.world_size} rank(s) = {world.world_size // (tp * pp)} "
                       f"data-parallel x {tp} tensor-parallel{stages} (megatron DDP and its {optimizer} over "
                       f"data-parallel; each model's {tp * pp} rank(s) are neighbours, tensor-parallel innermost)",
@@ -85,6 +88,8 @@ class MegatronPolicy(Policy):
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
         self.pp, self.stage = pp, parallel_state.get_pipeline_model_parallel_rank()
         self.first_stage, self.last_stage = self.stage == 0, self.stage == pp - 1
+        # chunk c of this stage is virtual stage c * pp + stage of the pp x chunks the layers split into
+        self.virtual_stages = [c * pp + self.stage for c in range(chunks)]
         self.pp_group = parallel_state.get_pipeline_model_parallel_group()
         self.last_stage_rank = parallel_state.get_pipeline_model_parallel_last_rank()
         self.first_stage_rank = parallel_state.get_pipeline_model_parallel_first_rank()
@@ -94,79 +99,92 @@ class MegatronPolicy(Policy):
         hf_config = json.loads((self.folder / "config.json").read_text())
         self.shape = convert.DecoderShape.of(hf_config, str(self.folder))
         self.shape.check_split(tp, str(self.folder))
-        self.shape.check_stages(pp, str(self.folder))
+        self.shape.check_stages(pp, str(self.folder), chunks)
         transformer, ddp, optimizer = upstream_settings(config, self.shape, trainable)
         self.transformer_config = transformer
         spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=self.shape.qk_norm)
         with quiet_import():
-            self.gpt = GPTModel(config=transformer, transformer_layer_spec=spec, vocab_size=self.shape.vocab,
-                                max_sequence_length=self.shape.max_positions, position_embedding_type="rope",
-                                rotary_base=self.shape.rope_theta, share_embeddings_and_output_weights=self.shape.tied,
-                                pre_process=self.first_stage, post_process=self.last_stage)
+            self.gpts = [GPTModel(config=transformer, transformer_layer_spec=spec, vocab_size=self.shape.vocab,
+                                  max_sequence_length=self.shape.max_positions, position_embedding_type="rope",
+                                  rotary_base=self.shape.rope_theta,
+                                  share_embeddings_and_output_weights=self.shape.tied, pre_process=virtual == 0,
+                                  post_process=virtual == pp * chunks - 1, vp_stage=c if chunks > 1 else None)
+                         for c, virtual in enumerate(self.virtual_stages)]
         self._load_hf(_hf_weights(self.folder))
         # bf16 / fp16 as megatron trains them: the model's weights in half precision (logits back in
         # fp32), the optimizer's fp32 main copies made from them
-        self.model = self.gpt
+        self.models = list(self.gpts)
         if transformer.bf16 or transformer.fp16:
             from megatron.core.transformer.module import Float16Module
 
-            self.model = Float16Module(transformer, self.gpt)
+            self.models = [Float16Module(transformer, gpt) for gpt in self.gpts]
         self.temperature = policy.generation.temperature or 1.0
         self.share_prompts = policy.dynamic_batching.enabled and policy.dynamic_batching.share_prompts
         self.vocab = VocabShard(self.tp_rank * self.shape.vocab // tp, self.shape.vocab // tp, self.tp_group) \
             if tp > 1 else None
-        self.optimizer = self.ddp = None
+        self.optimizer, self.ddps = None, []
         self.optimizer_steps, self.total_optimizer_steps = 0, total_optimizer_steps
         if trainable:
             from megatron.core.distributed import DistributedDataParallel
             from megatron.core.optimizer import get_megatron_optimizer
 
-            self.ddp = DistributedDataParallel(transformer, ddp, self.model)
+            # megatron's own convention: a chunk after the first does not overlap its gradient reduction
+            self.ddps = [DistributedDataParallel(transformer, ddp, model, disable_bucketing=c > 0)
+                         for c, model in enumerate(self.models)]
             with quiet_import():
-                self.optimizer = get_megatron_optimizer(optimizer, [self.ddp])
+                self.optimizer = get_megatron_optimizer(optimizer, self.ddps)
             self._set_lr()
         else:
-            self.model.requires_grad_(False)
-        self.model.eval()
+            for model in self.models:
+                model.requires_grad_(False)
+        for model in self.models:
+            model.eval()
 
     # --- weights in and out -------------------------------------------------------------------
 
     def _load_hf(self, hf: dict[str, torch.Tensor]) -> None:
         try:
-            state = convert.stage_of(convert.to_megatron(hf, self.shape, self.tp, self.tp_rank), self.shape, self.pp,
-                                     self.stage)
+            whole = convert.to_megatron(hf, self.shape, self.tp, self.tp_rank)
         except KeyError as err:
             raise PolicySetupError(f"{self.folder}: weight {err.args[0]} is missing for a {self.shape.family} "
                                    "model") from None
-        own = {name for name in self.gpt.state_dict() if not name.endswith("_extra_state")}
-        missing, unexpected = sorted(own - set(state)), sorted(set(state) - own)
-        if missing or unexpected:
-            raise PolicySetupError(f"{self.folder}: the megatron model and the converted weights differ "
-                                   f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
-        with torch.no_grad():
-            for name, tensor in self.gpt.state_dict().items():
-                if name in state:
-                    tensor.copy_(state[name].to(tensor.dtype))
+        for gpt, virtual in zip(self.gpts, self.virtual_stages):
+            state = convert.stage_of(whole, self.shape, self.pp * len(self.gpts), virtual)
+            own = {name for name in gpt.state_dict() if not name.endswith("_extra_state")}
+            missing, unexpected = sorted(own - set(state)), sorted(set(state) - own)
+            if missing or unexpected:
+                raise PolicySetupError(f"{self.folder}: the megatron model and the converted weights differ "
+                                       f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+            with torch.no_grad():
+                for name, tensor in gpt.state_dict().items():
+                    if name in state:
+                        tensor.copy_(state[name].to(tensor.dtype))
 
     def _gathered_hf(self) -> dict[str, torch.Tensor]:
         """Full HF weights on rank 0 (every rank calls it; the TP groups gather their shards, then the
         pipeline stages send theirs to the first stage)."""
-        local = {name: t.detach() for name, t in self.gpt.state_dict().items() if not name.endswith("_extra_state")}
-        if self.tp == 1:
-            shards = [local]
-        else:
+        chunks = []   # per model chunk of this stage: its shards of every TP rank
+        for gpt in self.gpts:
+            local = {name: t.detach() for name, t in gpt.state_dict().items() if not name.endswith("_extra_state")}
+            if self.tp == 1:
+                chunks.append([local])
+                continue
             shards = [{} for _ in range(self.tp)]
             for name, tensor in local.items():
                 parts = [torch.empty_like(tensor) for _ in range(self.tp)]
                 dist.all_gather(parts, tensor.contiguous(), group=self.tp_group)
                 for rank, part in enumerate(parts):
                     shards[rank][name] = part
+            chunks.append(shards)
+        stages = [chunks]
         if self.pp > 1:
             stages = [None] * self.pp if self.first_stage else None
-            dist.gather_object(shards, stages, dst=self.first_stage_rank, group=self.pp_group)
+            dist.gather_object(chunks, stages, dst=self.first_stage_rank, group=self.pp_group)
             if not self.first_stage:
                 return {}
-            shards = [convert.whole_model([stage[rank] for stage in stages], self.shape) for rank in range(self.tp)]
+        # virtual stage c * pp + s is chunk c of stage s
+        in_order = [stages[s][c] for c in range(len(self.gpts)) for s in range(self.pp)]
+        shards = [convert.whole_model([virtual[rank] for virtual in in_order], self.shape) for rank in range(self.tp)]
         if not self.world.is_main:
             return {}
         return convert.to_hf(shards, self.shape)
@@ -180,8 +198,9 @@ class MegatronPolicy(Policy):
 
     def copy_weights_from(self, other: "MegatronPolicy") -> None:
         with torch.no_grad():
-            for mine, theirs in zip(self.model.parameters(), other.model.parameters()):
-                mine.copy_(theirs)
+            for model, other_model in zip(self.models, other.models):
+                for mine, theirs in zip(model.parameters(), other_model.parameters()):
+                    mine.copy_(theirs)
 
     def load_weights(self, path) -> None:
         """A saved step's weights: its dist checkpoint when it holds one of this backend, else its HF export."""
@@ -216,14 +235,15 @@ class MegatronPolicy(Policy):
             if self.share_prompts else [[index] for index in range(len(samples))]
         return layout_rows(samples, rows)
 
-    def _stage_forward(self, layout):
-        """This pipeline stage's forward of a micro-batch: hidden states for the next stage, or on the last
-        stage the logits of the positions that predict a response token ([1, n, vocab / TP])."""
-        picked_only = _output_layer_on(self.gpt, layout.source_pos.to(self.device),
-                                       layout.source_row.to(self.device)) if self.last_stage else contextlib.nullcontext()
-        with picked_only, _rotary_at(self.gpt, layout.positions.to(self.device)):
-            return self.model(layout.ids.to(self.device), layout.positions.to(self.device),
-                              (~layout.allowed).to(self.device))
+    def _stage_forward(self, chunk: int, layout):
+        """A model chunk's forward of a micro-batch: hidden states for the next (virtual) stage, or on the
+        last one the logits of the positions that predict a response token ([1, n, vocab / TP])."""
+        gpt = self.gpts[chunk]
+        picked_only = _output_layer_on(gpt, layout.source_pos.to(self.device), layout.source_row.to(self.device)) \
+            if gpt.post_process else contextlib.nullcontext()
+        with picked_only, _rotary_at(gpt, layout.positions.to(self.device)):
+            return self.models[chunk](layout.ids.to(self.device), layout.positions.to(self.device),
+                                      (~layout.allowed).to(self.device))
 
     def _token_logprobs(self, layout, output, with_entropy: bool):
         """Right-aligned [B, R] logprobs (and entropy) from the last stage's output."""
@@ -238,13 +258,20 @@ class MegatronPolicy(Policy):
         micro-batch's loss (training) or anything (forward_only); `before_each` before each forward."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
+        chunks = self.ddps or self.models
+        layouts = [self._layout([samples[i] for i in batch] or [Sample(token_ids=[0, 0], prompt_length=1)])
+                   for batch in batches]
+        rows, width = max(l.ids.shape[0] for l in layouts), max(l.ids.shape[1] for l in layouts)
+        if len(chunks) > 1:   # one shape for all (_pipeline_settings)
+            layouts = [layout.padded(rows, width) for layout in layouts]
+
         def forward_step(data_iterator, model):
+            chunk = next(c for c, candidate in enumerate(chunks) if candidate is model)
             if before_each is not None:
                 before_each()
-            batch = next(data_iterator)
-            chosen = [samples[i] for i in batch] or [Sample(token_ids=[0, 0], prompt_length=1)]
-            layout = self._layout(chosen)
-            output = self._stage_forward(layout)
+            index = next(data_iterator)
+            batch, layout = batches[index], layouts[index]
+            output = self._stage_forward(chunk, layout)
 
             def loss_func(output_tensor):
                 loss = on_logits(batch, layout, output_tensor)
@@ -252,9 +279,10 @@ class MegatronPolicy(Policy):
 
             return output, loss_func
 
-        get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(batches),
-                                    model=[self.ddp if self.ddp is not None else self.model],
-                                    num_microbatches=len(batches), seq_length=0, micro_batch_size=0,
+        # each model chunk takes every micro-batch in turn, from its own iterator
+        iterators = [iter(range(len(batches))) for _ in chunks] if len(chunks) > 1 else iter(range(len(batches)))
+        get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iterators, model=chunks,
+                                    num_microbatches=len(batches), seq_length=width, micro_batch_size=rows,
                                     forward_only=forward_only)
 
     def _from_last_stage(self, value):
@@ -273,7 +301,11 @@ class MegatronPolicy(Policy):
         else:
             batches = plan_micro_batches([len(s.token_ids) for s in samples], micro_size,
                                          budget.max_tokens_per_gpu if budget.enabled else None)
-        return same_count_on_every_rank(batches)
+        batches = same_count_on_every_rank(batches)
+        if len(self.gpts) > 1:
+            # the interleaved schedule runs micro-batches in groups of pp (empty ones pad the last group)
+            batches += [[] for _ in range(max(self.pp, -(-len(batches) // self.pp) * self.pp) - len(batches))]
+        return batches
 
     @torch.no_grad()
     def logprobs(self, samples: list[Sample]) -> list[torch.Tensor]:
@@ -332,22 +364,25 @@ class MegatronPolicy(Policy):
 
         if interrupt is not None and self.pp > 1:
             stop_if_asked()
-        self.ddp.train()
-        self.ddp.zero_grad_buffer()
+        for ddp in self.ddps:
+            ddp.train()
+            ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
         try:
             try:
                 self._run_schedule(samples, batches, loss_of, forward_only=False,
                                    before_each=stop_if_asked if interrupt is not None and self.pp == 1 else None)
             except TrainingInterrupted:
-                self.ddp.zero_grad_buffer()
+                for ddp in self.ddps:
+                    ddp.zero_grad_buffer()
                 raise
             # the data-parallel reduction, and the sums megatron owes replicated weights that see part of the
             # model per TP rank (Qwen3's q/k norms) or that are shared between pipeline stages (tied embeddings)
-            finalize_model_grads([self.ddp])
+            finalize_model_grads(self.ddps)
             succeeded, grad_norm, _ = self.optimizer.step()
         finally:
-            self.ddp.eval()
+            for ddp in self.ddps:
+                ddp.eval()
         if not succeeded:
             raise RuntimeError("megatron's optimizer skipped the step (a gradient was not finite)")
         self.optimizer_steps += 1
@@ -403,6 +438,10 @@ def _rotary_at(gpt, positions: torch.Tensor):
         handle.remove()
 
 
+def _chunk_key(chunk: int) -> str:
+    return "model" if chunk == 0 else f"model{chunk}"
+
+
 class MegatronState:
     """A megatron policy's weights and (distributed) optimizer as a megatron dist checkpoint under
     dist_ckpt/, and its learning-rate position."""
@@ -414,8 +453,10 @@ class MegatronState:
         self.policy = policy
 
     def _sharded(self, with_optimizer: bool, loading: bool) -> dict[str, Any]:
-        model = self.policy.model.sharded_state_dict()
-        state = {"model": model}
+        # model chunks as megatron names them ("model", "model1", ...); the tensors inside are addressed by
+        # their global layer, so a step loads into any other pipeline layout
+        model = {_chunk_key(c): chunk.sharded_state_dict() for c, chunk in enumerate(self.policy.models)}
+        state = dict(model)
         if with_optimizer and self.policy.optimizer is not None:
             state["optimizer"] = self.policy.optimizer.sharded_state_dict(model, is_loading=loading,
                                                                           metadata=_OPTIMIZER_SHARDING)
@@ -450,6 +491,8 @@ class MegatronState:
         with_optimizer = held["optimizer"] and self.policy.optimizer is not None
         if with_optimizer:
             saved = json.loads((folder / LAYOUT).read_text()) if (folder / LAYOUT).is_file() else None
+            if saved is not None:   # steps written before pipeline stages were built had one
+                saved = {"pipeline_model_parallel_size": 1, "virtual_pipeline_model_parallel_size": 1, **saved}
             if saved != self._layout():
                 raise CheckpointLoadError(
                     f"{folder}: its optimizer state was saved by a megatron world of {saved}, and this run is "
@@ -463,7 +506,8 @@ class MegatronState:
             lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
             raise CheckpointLoadError(f"{folder / 'dist_ckpt'} cannot be loaded into this model: "
                                       f"{lines[-1][:600] if lines else type(err).__name__}") from None
-        self.policy.model.load_state_dict(loaded["model"], strict=False)
+        for c, chunk in enumerate(self.policy.models):
+            chunk.load_state_dict(loaded[_chunk_key(c)], strict=False)
         if with_optimizer:
             with torch.no_grad():   # the fp32 parameters are the optimizer's own main copies
                 self.policy.optimizer.load_state_dict(loaded["optimizer"])
@@ -472,6 +516,7 @@ class MegatronState:
     def _layout(self) -> dict[str, Any]:
         megatron = self.policy.config.policy.megatron_cfg
         return {"tensor_model_parallel_size": self.policy.tp, "pipeline_model_parallel_size": self.policy.pp,
+                "virtual_pipeline_model_parallel_size": len(self.policy.models),
                 "data_parallel_size": self.policy.dp_size,
                 "use_distributed_optimizer": megatron.use_distributed_optimizer}
 

@@ -33,8 +33,6 @@ def unbuilt(cfg: MasterConfig) -> list[Problem]:
     m, policy = cfg.policy.megatron_cfg, cfg.policy
     problems = []
     for name, value, what in (
-            ("virtual_pipeline_model_parallel_size", m.virtual_pipeline_model_parallel_size is not None,
-             "virtual pipeline stages"),
             ("context_parallel_size", m.context_parallel_size > 1, "context parallelism"),
             ("expert_model_parallel_size", m.expert_model_parallel_size > 1, "expert parallelism (MoE models)"),
             ("expert_tensor_parallel_size", m.expert_tensor_parallel_size is not None, "expert tensor parallelism"),
@@ -93,12 +91,18 @@ def _split(extra: dict, cls) -> dict:
 
 def _pipeline_settings(m, dtype) -> dict:
     """Pipeline stages exchange activations of each micro-batch's own shape (rows and widths vary with
-    the samples); megatron refuses variable shapes with its default MoE dispatcher even in a dense model.
-    Point-to-point sends one at a time (batch_p2p_comm false) unless megatron_cfg forwards it."""
+    the samples; megatron refuses variable shapes with its default MoE dispatcher even in a dense model).
+    Interleaved model chunks cannot: two stages then send shapes both ways at once, which megatron does
+    not order, so the policy pads a step's micro-batches to one shape. Point-to-point sends one at a
+    time (batch_p2p_comm false) unless megatron_cfg forwards it."""
     if m.pipeline_model_parallel_size == 1:
         return {}
-    return {"pipeline_model_parallel_size": m.pipeline_model_parallel_size, "pipeline_dtype": dtype,
-            "variable_seq_lengths": True, "batch_p2p_comm": False, "moe_token_dispatcher_type": "alltoall"}
+    settings = {"pipeline_model_parallel_size": m.pipeline_model_parallel_size, "pipeline_dtype": dtype,
+                "virtual_pipeline_model_parallel_size": m.virtual_pipeline_model_parallel_size,
+                "batch_p2p_comm": False}
+    if m.virtual_pipeline_model_parallel_size is None:
+        settings.update(variable_seq_lengths=True, moe_token_dispatcher_type="alltoall")
+    return settings
 
 
 def upstream_settings(cfg: MasterConfig, shape, trainable: bool):
