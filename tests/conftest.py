@@ -20,17 +20,32 @@ SHARED_VLLM = {"tests/generation/test_vllm_backend.py", "tests/generation/test_v
                "tests/loop/test_agent_rollouts.py"}
 
 
+# The Slurm tests that preempt (a high-priority job takes all 4 nodes) or requeue: they run on the first
+# cluster, one at a time. The other Slurm tests run on the second cluster where tools/test.sh started one
+# (DOCKYARD_SLURM_B_CONF: DOCKYARD_SLURM_INSTANCE=b slurm/dev-cluster/start.sh), as their own unit.
+PREEMPTING = {"tests/launch/test_preemption_on_cluster.py", "tests/launch/test_async_on_cluster.py",
+              "tests/launch/test_distillation_on_cluster.py"}
+SECOND_CLUSTER = "DOCKYARD_SLURM_B_CONF"
+
+
+def slurm_lane(module: str) -> str | None:
+    """`slurm` (the first cluster) or `slurm-b` for a Slurm test module; None for the others."""
+    if not module.startswith("tests/launch/"):
+        return None
+    return "slurm-b" if os.environ.get(SECOND_CLUSTER) and module not in PREEMPTING else "slurm"
+
+
 def work_unit_of(nodeid: str) -> str:
     """What must run on one pytest-xdist worker: a module (its module-scoped servers and runs start once),
-    the vLLM modules together (one session server), and every Slurm test together, one at a time,
-    because they share the local cluster's 4 nodes (a preemption test takes all of them)."""
+    the vLLM modules together (one session server), and the Slurm tests of one cluster together, one at a
+    time, because they share its 4 nodes (slurm_lane)."""
     module = nodeid.split("::")[0]
-    return "slurm" if module.startswith("tests/launch/") else "vllm" if module in SHARED_VLLM else module
+    return slurm_lane(module) or ("vllm" if module in SHARED_VLLM else module)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """tools/test.sh runs two workers. xdist's own `xdist_group` marks cannot carry the units with
+    """tools/test.sh runs several workers. xdist's own `xdist_group` marks cannot carry the units with
     pytest 9 (xdist 3.8 renames `item._nodeid`, which pytest 9 no longer reads), so the units are
     given to xdist's scope scheduler directly."""
     from xdist.scheduler import LoadScopeScheduling
@@ -42,9 +57,18 @@ def pytest_xdist_make_scheduler(config, log):
     return WorkUnitScheduling(config, log)
 
 
+# the longest units (minutes each on 2 cores, from a timed run of the suite): started first, so the short
+# ones fill the workers' ends instead of a long one starting last
+LONGEST_FIRST = ["slurm", "slurm-b", "vllm", "tests/run/test_local_run.py", "tests/envs/test_terminal_tasks.py",
+                 "tests/policy/test_jax_backend.py", "tests/envs/test_osworld.py", "tests/envs/test_task_images.py",
+                 "tests/policy/test_vision_policy.py", "tests/run/test_algorithm_menu_runs.py",
+                 "tests/policy/test_policy_backends.py"]
+
+
 def pytest_collection_modifyitems(config, items):
-    """The two long units first, so the other worker runs the rest beside them instead of after."""
-    items.sort(key=lambda item: {"slurm": 0, "vllm": 1}.get(work_unit_of(item.nodeid), 2))
+    """The long units first, so the other workers run the rest beside them instead of after."""
+    rank = {unit: index for index, unit in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(work_unit_of(item.nodeid), len(rank)))
 
 
 def pytest_sessionfinish(session, exitstatus):

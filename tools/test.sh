@@ -7,6 +7,10 @@ cd "$(dirname "$0")/.."
 
 if [ "$(id -u)" = 0 ]; then
   bash slurm/dev-cluster/start.sh
+  # a second cluster for the Slurm tests that do not preempt, so that they run beside the ones that do
+  # (tests/conftest.py: slurm_lane)
+  DOCKYARD_SLURM_INSTANCE=b bash slurm/dev-cluster/start.sh
+  export DOCKYARD_SLURM_B_CONF=/etc/dockyard-slurm-b/slurm.conf
   export DOCKYARD_REQUIRE_SLURM=1   # a broken cluster now fails the Slurm tests instead of skipping them
 else
   echo "tools/test.sh: not root; the local Slurm cluster is not started (Slurm tests will skip)" >&2
@@ -22,6 +26,8 @@ if [ "$(id -u)" = 0 ] && command -v podman >/dev/null 2>&1; then
   echo "tools/test.sh: building the dockyard image in the background (log: $images/prebuild.log)" >&2
   .venv/bin/python -m dockyard.cli image build --output "$images" >"$images/prebuild.log" 2>&1 &
 fi
-# two workers (pytest-xdist; tests/conftest.py groups what must share a worker): much of the suite waits
-# on Slurm, servers and sleeps, so the second core does the other half meanwhile
-exec .venv/bin/python -m pytest -q -n "${DOCKYARD_TEST_WORKERS:-2}" --dist loadscope "$@"
+# three workers (pytest-xdist; tests/conftest.py groups what must share a worker) on two cores: much of the
+# suite waits on Slurm, servers, package indexes and sleeps (a two-worker run left the CPUs idle half the
+# time), and the two Slurm lanes each take one worker for most of the run
+# (units in the order tests/conftest.py sorts them, the longest first, not xdist's largest-count first)
+exec .venv/bin/python -m pytest -q -n "${DOCKYARD_TEST_WORKERS:-3}" --dist loadscope --no-loadscope-reorder "$@"

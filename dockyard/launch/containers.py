@@ -35,10 +35,14 @@ from dockyard.config.schema import MasterConfig
 from dockyard.errors import DockyardError
 
 COMPONENTS = ("trainer", "rollout", "teacher")
-# the Slurm client inside talks to slurmctld like the one outside: same configuration, same munge socket
-SLURM_CLIENT_PATHS = ("/etc/slurm", "/run/munge")
 HOST_FILES = ("/etc/hosts", "/etc/resolv.conf", "/etc/passwd", "/etc/group")
-READ_ONLY = {"/etc/slurm", *HOST_FILES}
+MUNGE_SOCKET_FOLDER = "/run/munge"
+
+
+def slurm_config_folder() -> Path:
+    """Where the Slurm clients read their configuration: SLURM_CONF's folder where it is set."""
+    conf = os.environ.get("SLURM_CONF")
+    return Path(conf).parent if conf else Path("/etc/slurm")
 # the wrapper runs on the node, outside any container: the driver (inside the trainer's container)
 # renders the servers' steps with the submit host's path, which the job carries in this variable
 PODMAN_STEP_VARIABLE = "DOCKYARD_PODMAN_STEP"
@@ -175,7 +179,9 @@ def step_container(cfg, component: str, job_folder: Path | None = None) -> StepC
                  Path(cfg.checkpointing.checkpoint_dir).absolute()]
     if job_folder is not None:
         automatic.append(Path(job_folder).absolute())
-    automatic += [Path(p) for p in SLURM_CLIENT_PATHS if Path(p).exists()]
+    # the Slurm client inside talks to slurmctld like the one outside: the same configuration (SLURM_CONF
+    # passes in with the other SLURM_ variables), the same munge socket
+    automatic += [p for p in (slurm_config_folder(), Path(MUNGE_SOCKET_FOLDER)) if p.exists()]
     if settings["runtime"] == "slurm_oci":
         # runc binds nothing of the host's own (podman, apptainer and enroot bind these): node names must
         # resolve inside as outside (the driver reaches its servers by node name), the job's user be known
@@ -186,7 +192,8 @@ def step_container(cfg, component: str, job_folder: Path | None = None) -> StepC
         automatic.append(Path(os.environ[FIELD_READS]))
     for path in automatic:
         if not any(_under(str(path), m.target) for m in mounts):
-            mounts.append(Mount(str(path), str(path), read_only=str(path) in READ_ONLY))
+            read_only = str(path) in HOST_FILES or path == slurm_config_folder()
+            mounts.append(Mount(str(path), str(path), read_only=read_only))
     workdir = cfg.cluster.container.workdir or str(submit_folder())
     image = settings["image"] or ""
     root = ""
@@ -331,8 +338,7 @@ TIMEOUT_S = 30
 
 
 def _oci_conf() -> Path:
-    conf = os.environ.get("SLURM_CONF")
-    return (Path(conf).parent if conf else Path("/etc/slurm")) / "oci.conf"
+    return slurm_config_folder() / "oci.conf"
 
 
 def _srun_has_pyxis() -> bool:

@@ -27,6 +27,9 @@ stop() {
     sleep 0.5
     waited=$((waited + 1))
   done
+  if [ "$waited" -ge 50 ]; then
+    echo "dockyard podman step: container $name still ran 25 s after its TERM; killing it" >&2
+  fi
   podman --runtime runc rm -f -t 0 "$name" >/dev/null 2>&1
   exit 143
 }

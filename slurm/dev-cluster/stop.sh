@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
 # Stops the local development cluster started by start.sh: cancels every job first (slurmstepd
 # outlives slurmd), then signals the daemons in parallel. --keep-db leaves MariaDB and munged up.
+# DOCKYARD_SLURM_INSTANCE=b stops the second cluster (start.sh) and leaves the shared daemons up.
 set -uo pipefail
-STATE=${DOCKYARD_SLURM_DIR:-/var/lib/dockyard-slurm}
 keep_db=0; [ "${1:-}" = --keep-db ] && keep_db=1
+if [ -n "${DOCKYARD_SLURM_INSTANCE:-}" ]; then
+  STATE=${DOCKYARD_SLURM_DIR:-/var/lib/dockyard-slurm-$DOCKYARD_SLURM_INSTANCE}
+  export SLURM_CONF=/etc/dockyard-slurm-$DOCKYARD_SLURM_INSTANCE/slurm.conf
+  keep_db=1
+else
+  STATE=${DOCKYARD_SLURM_DIR:-/var/lib/dockyard-slurm}
+fi
 
 stop_pid_file() {  # send TERM; the caller waits
   [ -f "$1" ] && kill "$(cat "$1")" 2>/dev/null

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, SECOND_CLUSTER, slurm_lane
 
 
 def slurm_cluster_up() -> tuple[bool, str]:
@@ -20,6 +20,25 @@ def slurm_cluster_up() -> tuple[bool, str]:
                                                         timeout=30).returncode != 0:
         return False, "Slurm accounting (sacct) is not working; the dev cluster starts it"
     return True, ""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def slurm_lane_cluster(request):
+    """The module's Slurm clients (and every job's, which inherit it) talk to its lane's cluster: the
+    second one through SLURM_CONF, set before the module's own fixtures submit anything."""
+    module = str(Path(request.module.__file__).relative_to(REPO))
+    if slurm_lane(module) != "slurm-b":
+        yield
+        return
+    before = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = os.environ[SECOND_CLUSTER]
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = before
 
 
 @pytest.fixture(scope="session")

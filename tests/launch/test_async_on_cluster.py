@@ -9,8 +9,8 @@ import time
 
 from tests.conftest import require_vllm
 from tests.launch.holding import hold_after
-from tests.launch.test_preemption_on_cluster import (completed_after_two_resumes, logged_steps,
-                                                    preempt_then_requeue, submit)
+from tests.launch.jobs import logged_steps, submit
+from tests.launch.test_preemption_on_cluster import completed_after_two_resumes, preempt_then_requeue
 from tests.launch.test_submit_on_cluster import sacct_nodes
 from tests.launch.conftest import TWO_VLLM, metrics
 

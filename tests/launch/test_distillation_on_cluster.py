@@ -11,7 +11,8 @@ import time
 
 from tests.launch.conftest import metrics, run_submit
 from tests.launch.holding import hold_after, hold_overrides
-from tests.launch.test_preemption_on_cluster import completed_after_two_resumes, logged_steps, preempt_then_requeue
+from tests.launch.jobs import logged_steps
+from tests.launch.test_preemption_on_cluster import completed_after_two_resumes, preempt_then_requeue
 from tests.run.test_distillation_run import OPD, opd_section
 
 STEPS = 12

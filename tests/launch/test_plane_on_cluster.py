@@ -15,7 +15,7 @@ from dockyard.waiting import wait_until
 from tests.conftest import REPO
 from tests.launch.conftest import run_submit
 from tests.launch.holding import hold_after, hold_overrides, is_holding, release
-from tests.launch.test_preemption_on_cluster import job_state, wait_ended
+from tests.launch.jobs import job_state, wait_ended
 
 STEPS = 10
 PLANE = ("--config", "grpo_tiny_plane.yaml", "--nodes", "2", "data_plane.claim_after_s=30", "data_plane.timeout_s=240")

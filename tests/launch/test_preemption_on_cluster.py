@@ -1,11 +1,11 @@
-"""Preemption-safe training on the real local Slurm cluster: a run that is preempted, requeued, hits
-its time limit or is killed in the middle of a save ends in the state of an uninterrupted run."""
+"""Preemption-safe training on the real local Slurm cluster: a run that is preempted (a high-priority
+job takes every node) and then requeued ends in the state of an uninterrupted run. The requeues that
+take no other job's nodes are in test_requeue_on_cluster.py."""
 
 import json
 import os
 import random
 import re
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -17,63 +17,15 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from dockyard.waiting import wait_until
 from tests.launch.conftest import container_overrides, run_submit
 from tests.launch.holding import hold_after, hold_overrides, is_holding, release
+from tests.launch.jobs import logged_steps, rank0_log, restarts, signals_received, slurm_events, submit, wait_ended
 
 STEPS = 30
-
-
-def submit(workdir: Path, model: Path, *overrides: str) -> str:
-    """A grpo_tiny job on 3 nodes, scored by the reward that holds it where the test says (holding.py)."""
-    result = run_submit(workdir, model, "--nodes", "3", *hold_overrides(workdir), *overrides)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return re.search(r"submitted job (\d+)", result.stdout).group(1)
-
-
-def logged_steps(workdir: Path) -> list[int]:
-    path = workdir / "runs" / "grpo_tiny" / "logs" / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    return [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()]
-
-
-def job_state(job: str) -> str:
-    out = subprocess.run(["sacct", "-j", job, "-X", "-n", "-P", "-o", "JobID,State"], capture_output=True, text=True,
-                         timeout=30).stdout
-    states = dict(line.split("|") for line in out.splitlines() if line)
-    return states.get(f"{job}+0", states.get(job, "UNKNOWN")).split()[0]
-
-
-def restarts(job: str) -> int:
-    out = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, timeout=30).stdout
-    return int(re.search(r"Restarts=(\d+)", out).group(1))
-
-
-def wait_ended(job: str, timeout_s: float = 300) -> str:
-    return wait_until(lambda: (s := job_state(job)) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") and s,
-                      timeout_s, f"job {job} to end")
 
 
 def final_weights(workdir: Path, step: int) -> dict[str, torch.Tensor]:
     out = workdir / f"weights_{step}.pt"
     dcp_to_torch_save(workdir / "runs" / "grpo_tiny" / "checkpoints" / f"step_{step}" / "dcp", out)
     return torch.load(out, weights_only=False)["model"]
-
-
-def rank0_log(workdir: Path, job: str) -> str:
-    return (workdir / "slurm" / f"{job}_0_log.err").read_text(errors="replace")
-
-
-def slurm_events(job: str) -> list[str]:
-    """What slurmctld logged of this job (its starts, requeues, signals and ends), for a failure's message."""
-    log = Path(os.environ.get("DOCKYARD_SLURM_DIR", "/var/lib/dockyard-slurm")) / "log" / "slurmctld.log"
-    if not log.is_file():
-        return []
-    return [line for line in log.read_text(errors="replace").splitlines() if f"JobId={job}+" in line or f"JobId={job} " in line]
-
-
-def signals_received(workdir: Path, job: str) -> int:
-    """How many stop signals rank 0 has reported, over all incarnations of the job."""
-    path = workdir / "slurm" / f"{job}_0_log.err"
-    return path.read_text(errors="replace").count("dockyard: received ") if path.is_file() else 0
 
 
 def preempt_then_requeue(job: str, workdir: Path, first: int, second: int, step_timeout_s: float = 240) -> None:
@@ -250,122 +202,3 @@ def preempted_twice_ends_as_uninterrupted(tmp_path_factory, model: Path, name: s
     for weight in want:
         assert torch.equal(got[weight], want[weight]), weight
     return log
-
-
-def test_time_limit_signal_saves_requeues_and_the_run_resumes(slurm_cluster, tmp_path, tiny_model):
-    """1-minute limit, USR2 40 s before it. Slurm sends that signal when its periodic check finds the
-    job inside the window, which is best effort: on a loaded machine it once came not at all before
-    the limit. dockyard's own deadline (the allocation's end closer than a step and a save) is the
-    stop for exactly that case, so either one may end the first incarnation; both save and requeue.
-    The step count is never reached (the run is cancelled once the resumed incarnation has trained
-    a step), so nothing here depends on how fast the steps are."""
-    steps = 100_000
-    job = submit(tmp_path, tiny_model, f"grpo.max_num_steps={steps}", "checkpointing.save_period=1000",
-                 "cluster.slurm.time=1", "cluster.slurm.signal_delay_s=40", "cluster.slurm.deadline_margin_s=0")
-    wait_until(lambda: restarts(job) >= 1, 300, "the job to be requeued at its time limit")
-    # a restarted incarnation gets a longer limit: on a slow machine the signal could otherwise come
-    # again before it has trained a step
-    subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=15"], check=True, timeout=30)
-    # the first incarnation has ended: what it saved is on disk (nothing when it stopped before step 1)
-    pointer = tmp_path / "runs" / "grpo_tiny" / "checkpoints" / "latest_checkpointed_iteration.txt"
-    saved = int(pointer.read_text()) if pointer.is_file() else 0
-    resumed = f"checkpoints/step_{saved} (step {saved})" if saved else "restart 1"
-    wait_until(lambda: resumed in rank0_log(tmp_path, job) and max(logged_steps(tmp_path), default=0) > saved, 300,
-               f"the requeued run to go on from step {saved} and train a step")
-    subprocess.run(["scancel", job], check=True, timeout=30)
-    log = rank0_log(tmp_path, job)
-    stop = re.search(r"stopped after step (\d+): (.*)", log)
-    print(f"first incarnation: {stop.group(0) if stop else 'no stop line'}")
-    assert stop and int(stop.group(1)) == saved and "requeued" in log, log[-3000:]
-    assert stop.group(2).startswith(("USR2", "the allocation's end time is near")), stop.group(0)
-    # every step was logged once, in order: the resumed run went on from the saved one
-    logged = logged_steps(tmp_path)
-    assert logged == list(range(1, len(logged) + 1)) and len(logged) > saved
-    if saved:
-        state = json.loads((pointer.parent / f"step_{saved}" / "trainer_state.json").read_text())
-        assert state["step"] == saved
-    wait_ended(job, 120)
-
-
-def test_a_warning_signal_during_start_up_requeues_instead_of_killing_the_job(slurm_cluster, tmp_path, tiny_model):
-    """USR2 sent again and again from the moment the trainer tasks start (Python still importing, no
-    handler installed yet) until dockyard reports it: the tasks start with it blocked, so it waits
-    for the handler; before the first step nothing is saved and the job requeues, then completes."""
-    steps = 3
-    job = submit(tmp_path, tiny_model, f"grpo.max_num_steps={steps}")
-    task_log = tmp_path / "slurm" / f"{job}_0_log.err"
-    wait_until(lambda: task_log.is_file(), 120, "the trainer tasks to start")
-    sent = 0
-    deadline = time.monotonic() + 120
-    while "received USR2" not in task_log.read_text(errors="replace") and restarts(job) == 0 \
-            and job_state(job) in ("PENDING", "RUNNING", "REQUEUED", "UNKNOWN"):
-        assert time.monotonic() < deadline, "no trainer task reported the USR2 within 120 s"
-        subprocess.run(["scancel", "--signal=USR2", job], capture_output=True, timeout=30)
-        sent += 1
-        time.sleep(0.1)
-    assert wait_ended(job, 600) == "COMPLETED", rank0_log(tmp_path, job)[-3000:]
-    log = rank0_log(tmp_path, job)
-    # both ranks' whole logs where this fails: it did once in CI, without a cause the log's ends showed
-    logs = f"{log}\n--- rank 1 ---\n{(tmp_path / 'slurm' / f'{job}_1_log.err').read_text(errors='replace')}"
-    assert sent >= 1 and restarts(job) == 1, (sent, logs)
-    # the signal reaches rank 0 before its servers are started, or while they start (a slow machine): either
-    # way nothing is saved before the first step and the job requeues
-    before_servers = "stopped after step 0: USR2" in log
-    while_servers = "USR2 (time limit near, or preemption) while the servers started; nothing to save" in log
-    assert (before_servers or while_servers) and "requeued" in log, logs
-    assert logged_steps(tmp_path) == list(range(1, steps + 1))
-
-
-def test_kill_9_during_a_save_leaves_the_previous_checkpoint_current(slurm_cluster, tmp_path, tiny_model):
-    checkpoints = tmp_path / "runs" / "grpo_tiny" / "checkpoints"
-    job = submit(tmp_path, tiny_model, "grpo.max_num_steps=400", "checkpointing.save_period=1",
-                 "checkpointing.keep_last=3")
-    rank0 = int(wait_until(lambda: re.search(r"trainer rank 0/2 on node1 \(pid (\d+)",
-                                            (tmp_path / "slurm" / f"{job}_0_log.err").read_text())
-                           if (tmp_path / "slurm" / f"{job}_0_log.err").is_file() else None, 120,
-                           "trainer rank 0").group(1))
-    wait_until(lambda: max(logged_steps(tmp_path), default=0) >= 3, 240, "step 3")
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:   # kill the moment a save's temporary folder exists
-        if any(checkpoints.glob("step_*.tmp")):
-            os.kill(rank0, signal.SIGKILL)
-            break
-        time.sleep(0.001)
-    interrupted = [p.name for p in checkpoints.glob("step_*.tmp")]
-    assert interrupted, "the kill did not land during a save"
-    assert wait_ended(job) == "FAILED"
-    pointer = int((checkpoints / "latest_checkpointed_iteration.txt").read_text())
-    assert f"step_{pointer}.tmp" not in interrupted
-    assert (checkpoints / f"step_{pointer}" / "trainer_state.json").is_file()
-    assert (checkpoints / f"step_{pointer}" / "dcp" / ".metadata").is_file()
-    # a new submission resumes from that checkpoint and finishes
-    result = run_submit(tmp_path, tiny_model, "--nodes", "3", "--wait", f"grpo.max_num_steps={pointer + 3}",
-                        "checkpointing.save_period=1", timeout=600)
-    assert result.returncode == 0, result.stdout + result.stderr
-    second = re.search(r"submitted job (\d+)", result.stdout).group(1)
-    assert f"checkpoints/step_{pointer} (step {pointer})" in rank0_log(tmp_path, second)
-    assert (checkpoints / "latest_checkpointed_iteration.txt").read_text().strip() == str(pointer + 3)
-    assert not list(checkpoints.glob("step_*.tmp"))
-
-
-def test_a_requeue_while_the_servers_start_is_a_requeue_not_a_failure(slurm_cluster, tmp_path, tiny_model):
-    """`scontrol requeue` lands while the rollout server is still starting (held at interpreter start by
-    tests/launch/server_hold): the server dies of the SIGTERM, and the job says it was stopped while
-    starting, without a traceback or a JobFailed, and completes after the requeue."""
-    hold = tmp_path / "server.hold"
-    hold.touch()
-    held_at = Path(str(hold) + ".reached")
-    job = submit(tmp_path, tiny_model, "grpo.max_num_steps=2",
-                 f"+cluster.rollout.env.PYTHONPATH={Path(__file__).parent / 'server_hold'}",
-                 f"+cluster.rollout.env.DOCKYARD_TEST_SERVER_HOLD={hold}")
-    wait_until(held_at.is_file, 180, "the rollout server to start (and wait at the hold)")
-    subprocess.run(["scontrol", "requeue", job], check=True, timeout=30)
-    wait_until(lambda: restarts(job) >= 1, 180, "Slurm to requeue the job")
-    hold.unlink()
-    assert wait_ended(job, 600) == "COMPLETED", rank0_log(tmp_path, job)[-3000:]
-    log = rank0_log(tmp_path, job)
-    first = log.split("restart 1)")[0]   # the first incarnation's part of the log
-    assert "SIGTERM (preemption, scancel, or a stopped dockyard run) while the servers started; nothing to save " \
-           "before the first step; the run resumes at the next start" in first, first[-3000:]
-    assert "Traceback" not in first and "JobFailed" not in first, first[-3000:]
-    assert logged_steps(tmp_path) == [1, 2]
