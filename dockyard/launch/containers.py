@@ -39,10 +39,24 @@ HOST_FILES = ("/etc/hosts", "/etc/resolv.conf", "/etc/passwd", "/etc/group")
 MUNGE_SOCKET_FOLDER = "/run/munge"
 
 
+# what of a shared configuration folder the Slurm clients read (slurm.conf names the others)
+SLURM_CONFIG_FILES = ("slurm.conf", "gres.conf", "cgroup.conf", "topology.conf", "plugstack.conf", "oci.conf",
+                      "acct_gather.conf", "job_container.conf")
+
+
 def slurm_config_folder() -> Path:
     """Where the Slurm clients read their configuration: SLURM_CONF's folder where it is set."""
     conf = os.environ.get("SLURM_CONF")
     return Path(conf).parent if conf else Path("/etc/slurm")
+
+
+def slurm_client_paths() -> list[Path]:
+    """The host paths a Slurm client inside a container needs: the configuration folder (only its Slurm
+    files where SLURM_CONF sits directly in /etc or /: the folder would hide the image's own) and munge's
+    socket folder."""
+    folder = slurm_config_folder()
+    paths = [folder / name for name in SLURM_CONFIG_FILES] if folder in (Path("/"), Path("/etc")) else [folder]
+    return [path for path in (*paths, Path(MUNGE_SOCKET_FOLDER)) if path.exists()]
 # the wrapper runs on the node, outside any container: the driver (inside the trainer's container)
 # renders the servers' steps with the submit host's path, which the job carries in this variable
 PODMAN_STEP_VARIABLE = "DOCKYARD_PODMAN_STEP"
@@ -181,7 +195,8 @@ def step_container(cfg, component: str, job_folder: Path | None = None) -> StepC
         automatic.append(Path(job_folder).absolute())
     # the Slurm client inside talks to slurmctld like the one outside: the same configuration (SLURM_CONF
     # passes in with the other SLURM_ variables), the same munge socket
-    automatic += [p for p in (slurm_config_folder(), Path(MUNGE_SOCKET_FOLDER)) if p.exists()]
+    slurm_paths = slurm_client_paths()
+    automatic += slurm_paths
     if settings["runtime"] == "slurm_oci":
         # runc binds nothing of the host's own (podman, apptainer and enroot bind these): node names must
         # resolve inside as outside (the driver reaches its servers by node name), the job's user be known
@@ -192,7 +207,7 @@ def step_container(cfg, component: str, job_folder: Path | None = None) -> StepC
         automatic.append(Path(os.environ[FIELD_READS]))
     for path in automatic:
         if not any(_under(str(path), m.target) for m in mounts):
-            read_only = str(path) in HOST_FILES or path == slurm_config_folder()
+            read_only = str(path) in HOST_FILES or (path in slurm_paths and str(path) != MUNGE_SOCKET_FOLDER)
             mounts.append(Mount(str(path), str(path), read_only=read_only))
     workdir = cfg.cluster.container.workdir or str(submit_folder())
     image = settings["image"] or ""

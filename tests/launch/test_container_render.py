@@ -42,6 +42,21 @@ def test_apptainer_exec_binds_the_mounts_and_the_runs_folders_and_keeps_the_host
     assert "--nv" in gpu
 
 
+def test_the_slurm_configuration_that_slurm_conf_names_is_bound_read_only_and_never_all_of_etc(monkeypatch, tmp_path):
+    """srun inside a step talks to the cluster that started the job: SLURM_CONF's folder goes in read-only;
+    a slurm.conf kept directly in /etc goes in as its files, or the host's /etc would hide the image's."""
+    site = tmp_path / "site-slurm"
+    site.mkdir()
+    (site / "slurm.conf").write_text("ClusterName=x\n")
+    monkeypatch.setenv("SLURM_CONF", str(site / "slurm.conf"))
+    binds = container("apptainer").mounts
+    assert any(m.source == str(site) and m.target == str(site) and m.read_only for m in binds)
+    assert not any(m.source == "/etc/slurm" for m in binds)
+    monkeypatch.setenv("SLURM_CONF", "/etc/slurm.conf")
+    binds = container("apptainer").mounts
+    assert not any(m.source in ("/etc", "/") for m in binds)
+
+
 def test_charliecloud_ch_run_binds_and_keeps_the_environment_for_the_entry_to_filter(monkeypatch):
     monkeypatch.setenv("DOCKYARD_SUBMIT_DIR", "/shared/work")
     monkeypatch.delenv("USER", raising=False)
