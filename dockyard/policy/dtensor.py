@@ -19,9 +19,9 @@ from dockyard.config.topology import mesh_line
 from dockyard.distributed import WorldInfo
 from dockyard.models import DTYPES, load_causal_lm
 from dockyard.policy.context_parallel import ContextParallelError, SequenceShards, use_context_parallel_attention
-from dockyard.policy.prompt_rows import layout_rows, plan_shared_micro_batches
+from dockyard.policy.prompt_rows import layout_rows, plan_batches
 from dockyard.policy.samples import (PolicySetupError, Sample, TrainingInterrupted, lr_factor,
-                                     plan_micro_batches, plan_shared_prompt_rows, same_count_on_every_rank)
+                                     plan_shared_prompt_rows, same_count_on_every_rank)
 from dockyard.io.checkpoint import TorchModuleState, load_model_weights
 from dockyard.policy.base import Policy
 from dockyard.policy.training import micro_batch_loss
@@ -157,12 +157,7 @@ class DTensorPolicy(Policy):
     def _micro_batches(self, samples: list[Sample], micro_size: int) -> list[list[int]]:
         """Indices per micro-batch; every rank gets the same number (empty ones pad), since each
         forward is a collective under FSDP."""
-        budget = self.config.policy.dynamic_batching
-        if self.share_prompts:
-            batches = plan_shared_micro_batches(samples, micro_size, budget.max_tokens_per_gpu)
-        else:
-            batches = plan_micro_batches([len(s.token_ids) for s in samples], micro_size,
-                                         budget.max_tokens_per_gpu if budget.enabled else None)
+        batches = plan_batches(samples, micro_size, self.config.policy.dynamic_batching, self.share_prompts)
         return same_count_on_every_rank(batches)
 
     def _forward_logprobs(self, samples: list[Sample], with_entropy: bool):

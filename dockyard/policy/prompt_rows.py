@@ -26,6 +26,15 @@ def plan_shared_micro_batches(samples: list[Sample], micro_size: int, token_budg
             plan_micro_batches([row_length(samples, row) for row in rows], micro_size, token_budget)]
 
 
+def plan_batches(samples: list[Sample], micro_size: int, batching, share_prompts: bool) -> list[list[int]]:
+    """Sample indices per micro-batch as policy.dynamic_batching (`batching`) asks: whole shared-prompt rows,
+    packed by token budget, or `micro_size` at a time."""
+    if share_prompts:
+        return plan_shared_micro_batches(samples, micro_size, batching.max_tokens_per_gpu)
+    return plan_micro_batches([len(s.token_ids) for s in samples], micro_size,
+                              batching.max_tokens_per_gpu if batching.enabled else None)
+
+
 @dataclass
 class RowLayout:
     ids: torch.Tensor           # [rows, width] token ids, right-padded with 0

@@ -25,8 +25,8 @@ from dockyard.policy.base import Policy
 from dockyard.policy.megatron import convert
 from dockyard.policy.megatron.cpu import quiet_import, quiet_megatron, use_cpu
 from dockyard.policy.megatron.settings import unbuilt, upstream_settings
-from dockyard.policy.prompt_rows import layout_rows, plan_shared_micro_batches
-from dockyard.policy.samples import (PolicySetupError, Sample, TrainingInterrupted, lr_factor, plan_micro_batches,
+from dockyard.policy.prompt_rows import layout_rows, plan_batches
+from dockyard.policy.samples import (PolicySetupError, Sample, TrainingInterrupted, lr_factor,
                                      plan_shared_prompt_rows, same_count_on_every_rank)
 from dockyard.policy.tensor_parallel import VocabShard, token_logprobs
 from dockyard.policy.training import micro_batch_loss
@@ -295,12 +295,7 @@ class MegatronPolicy(Policy):
 
     def _micro_batches(self, samples: list[Sample], micro_size: int) -> list[list[int]]:
         """Every rank of the world gets the same number (empty ones pad): a forward is a TP collective."""
-        budget = self.config.policy.dynamic_batching
-        if self.share_prompts:
-            batches = plan_shared_micro_batches(samples, micro_size, budget.max_tokens_per_gpu)
-        else:
-            batches = plan_micro_batches([len(s.token_ids) for s in samples], micro_size,
-                                         budget.max_tokens_per_gpu if budget.enabled else None)
+        batches = plan_batches(samples, micro_size, self.config.policy.dynamic_batching, self.share_prompts)
         batches = same_count_on_every_rank(batches)
         if len(self.gpts) > 1:
             # the interleaved schedule runs micro-batches in groups of pp (empty ones pad the last group)
