@@ -217,6 +217,27 @@ def tiny_qwen3_model(tiny_model, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_moe_model(tiny_model, tmp_path_factory) -> Path:
+    """A tiny random Qwen3-MoE: 4 experts of which each token takes 2 (renormalised), the tiny tokenizer."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, Qwen3MoeConfig
+
+    base = AutoConfig.from_pretrained(tiny_model)
+    config = Qwen3MoeConfig(vocab_size=base.vocab_size, hidden_size=base.hidden_size,
+                            intermediate_size=base.intermediate_size, moe_intermediate_size=32, num_experts=4,
+                            num_experts_per_tok=2, norm_topk_prob=True, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=base.hidden_size // 4, max_position_embeddings=512,
+                            bos_token_id=base.bos_token_id, eos_token_id=base.eos_token_id,
+                            pad_token_id=base.pad_token_id, tie_word_embeddings=False)
+    torch.manual_seed(4)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():   # a router that prefers some experts strongly, so that a wrong choice shows
+        for layer in model.model.layers:
+            layer.mlp.gate.weight.normal_(0, 0.5)
+    return _with_tiny_tokenizer(model, tiny_model, tmp_path_factory.mktemp("models") / "tiny-moe")
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen2_model(tiny_model, tmp_path_factory) -> Path:
     """A tiny random Qwen2 (q/k/v biases, set away from zero so they shape the result) with the tiny tokenizer."""
     import torch

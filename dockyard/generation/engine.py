@@ -7,6 +7,7 @@ recomputes, so the two can be compared token for token.
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,6 +98,7 @@ class Engine:
     def load_weights(self, named_tensors: dict[str, torch.Tensor]) -> None:
         # state_dict names include tied aliases (lm_head.weight of a tied embedding) that a trainer sends
         params = dict(self.model.state_dict(keep_vars=True))
+        named_tensors = fused_experts(named_tensors, params)
         unknown = sorted(set(named_tensors) - set(params))
         if unknown:
             raise ValueError(f"unknown parameter names: {', '.join(unknown[:5])}")
@@ -258,3 +260,30 @@ class Engine:
     def _hits_stop_string(self, generated: list[int], stops: list[str]) -> bool:
         tail = self.tokenizer.decode(generated[-16:], skip_special_tokens=False)
         return any(stop in tail for stop in stops)
+
+
+_EXPERT = re.compile(r"(.+\.experts)\.(\d+)\.(gate|up|down)_proj\.weight")
+
+
+def fused_experts(named: dict[str, torch.Tensor], params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Trainers send weights under the HF checkpoint's names (what vLLM loads); transformers keeps a
+    mixture's experts fused in memory, [experts, 2 x width, hidden] for gate and up (gate first) and
+    [experts, hidden, width] for down. Per-expert weights become those fused tensors here."""
+    experts: dict[str, dict[tuple[str, int], torch.Tensor]] = {}
+    out = {}
+    for name, tensor in named.items():
+        match = _EXPERT.fullmatch(name)
+        if match is None or name in params or f"{match[1]}.down_proj" not in params:
+            out[name] = tensor
+            continue
+        experts.setdefault(match[1], {})[(match[3], int(match[2]))] = tensor
+    for prefix, parts in experts.items():
+        count = params[f"{prefix}.down_proj"].shape[0]
+        missing = [f"{prefix}.{e}.{kind}_proj.weight" for e in range(count) for kind in ("gate", "up", "down")
+                   if (kind, e) not in parts]
+        if missing:
+            raise ValueError(f"expert weights are incomplete: {', '.join(missing[:3])} missing")
+        out[f"{prefix}.gate_up_proj"] = torch.stack([torch.cat([parts["gate", e], parts["up", e]])
+                                                      for e in range(count)])
+        out[f"{prefix}.down_proj"] = torch.stack([parts["down", e] for e in range(count)])
+    return out

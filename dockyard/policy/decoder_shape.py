@@ -1,5 +1,5 @@
-"""What of an HF decoder's config (Llama, Qwen2, Qwen3) decides a backend's own model: the megatron
-and JAX backends build their models from it instead of from transformers' classes."""
+"""What of an HF decoder's config (Llama, Qwen2, Qwen3, Qwen3-MoE) decides a backend's own model: the
+megatron and JAX backends build their models from it instead of from transformers' classes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,10 @@ from dataclasses import dataclass
 
 from dockyard.policy.samples import PolicySetupError
 
-FAMILIES = ("llama", "qwen2", "qwen3")
+FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe")
+# the families whose MLP is a mixture of experts, and the backends that build one
+MIXTURES = ("qwen3_moe",)
+_BUILDS_EXPERTS = ("megatron",)
 
 
 @dataclass(frozen=True)
@@ -28,13 +31,20 @@ class DecoderShape:
     tied: bool
     qkv_bias: bool
     qk_norm: bool
+    # a mixture of experts in every layer's MLP (0 experts: a dense MLP of width ffn)
+    experts: int = 0
+    experts_per_token: int = 0
+    expert_ffn: int = 0
+    # the chosen experts' router probabilities renormalised to sum to 1 (Qwen3-MoE's norm_topk_prob)
+    renormalise_topk: bool = False
 
     @classmethod
     def of(cls, config: dict, name: str, backend: str = "megatron") -> "DecoderShape":
         family = config.get("model_type")
-        if family not in FAMILIES:
+        known = [f for f in FAMILIES if f not in MIXTURES or backend in _BUILDS_EXPERTS]
+        if family not in known:
             raise PolicySetupError(f"policy.backend {backend}: {name} is a {family!r} model; the {backend} weight "
-                                   f"converter knows the {', '.join(FAMILIES)} families")
+                                   f"converter knows the {', '.join(known)} families")
         rope = config.get("rope_parameters") or {}
         scaling = rope.get("rope_type", "default") if rope else (config.get("rope_scaling") or {}).get("rope_type",
                                                                                                      "default")
@@ -42,6 +52,17 @@ class DecoderShape:
             raise PolicySetupError(f"policy.backend {backend}: {name} uses {scaling!r} RoPE scaling, which the {backend} "
                                    "backend does not build yet; use the dtensor backend")
         heads = config["num_attention_heads"]
+        experts = {}
+        if family in MIXTURES:
+            dense = config.get("mlp_only_layers") or []
+            if dense or config.get("decoder_sparse_step", 1) != 1:
+                raise PolicySetupError(f"policy.backend {backend}: {name} mixes dense layers {dense} (decoder_sparse_step "
+                                       f"{config.get('decoder_sparse_step', 1)}) among its expert layers; the {backend} "
+                                       "backend builds models with experts in every layer")
+            experts = {"experts": config.get("num_experts") or config["num_local_experts"],
+                       "experts_per_token": config["num_experts_per_tok"],
+                       "expert_ffn": config["moe_intermediate_size"],
+                       "renormalise_topk": bool(config.get("norm_topk_prob", False))}
         return cls(family=family, layers=config["num_hidden_layers"], hidden=config["hidden_size"], heads=heads,
                    kv_heads=config.get("num_key_value_heads") or heads,
                    head_dim=config.get("head_dim") or config["hidden_size"] // heads,
@@ -50,7 +71,7 @@ class DecoderShape:
                    max_positions=config.get("max_position_embeddings", 4096),
                    tied=bool(config.get("tie_word_embeddings", False)),
                    qkv_bias=family == "qwen2" or bool(config.get("attention_bias", False)),
-                   qk_norm=family == "qwen3")
+                   qk_norm=family in ("qwen3", "qwen3_moe"), **experts)
 
     def check_stages(self, pp: int, name: str, chunks: int = 1) -> None:
         """The layers split evenly over `pp` pipeline stages of `chunks` model chunks each (megatron's
@@ -67,8 +88,20 @@ class DecoderShape:
     def check_split(self, tp: int, name: str, setting: str = "policy.megatron_cfg.tensor_model_parallel_size",
                     devices: str = "ranks") -> None:
         """Heads, MLP width and vocabulary split evenly over `tp` tensor-parallel `devices` (`setting`)."""
-        for what, count in (("key/value heads", self.kv_heads), ("attention heads", self.heads),
-                            ("MLP width", self.ffn), ("vocabulary", self.vocab)):
+        widths = (("expert MLP width", self.expert_ffn),) if self.experts else (("MLP width", self.ffn),)
+        for what, count in (("key/value heads", self.kv_heads), ("attention heads", self.heads), *widths,
+                            ("vocabulary", self.vocab)):
             if count % tp:
                 raise PolicySetupError(f"{setting} {tp}: {name} has {count} {what}, which {tp} {devices} cannot "
                                        "split evenly")
+
+    def check_experts(self, ep: int, name: str) -> None:
+        """The experts split evenly over `ep` expert-parallel ranks; expert parallelism needs experts."""
+        if ep == 1:
+            return
+        if not self.experts:
+            raise PolicySetupError(f"policy.megatron_cfg.expert_model_parallel_size {ep}: {name} is a dense "
+                                   f"{self.family} model without experts to split")
+        if self.experts % ep:
+            raise PolicySetupError(f"policy.megatron_cfg.expert_model_parallel_size {ep}: {name} has {self.experts} "
+                                   f"experts per layer, which {ep} ranks cannot split evenly")

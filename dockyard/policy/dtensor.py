@@ -13,6 +13,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from transformers.core_model_loading import revert_weight_conversion
 
 from dockyard.config.schema import MasterConfig
 from dockyard.config.topology import mesh_line
@@ -367,7 +368,10 @@ class DTensorPolicy(Policy):
         if not self.world.is_main:
             return {}
         local = merged_weights(self.model, local)   # a LoRA model's servers serve base + adapters
-        return {name: tensor.detach().to(dtype) for name, tensor in local.items() if name not in self.alias_names}
+        local = {name: tensor for name, tensor in local.items() if name not in self.alias_names}
+        # under the names of the model's HF checkpoint, which servers load (transformers keeps some
+        # weights fused in memory: a mixture's experts as one tensor each for gate_up and down)
+        return {name: tensor.detach().to(dtype) for name, tensor in revert_weight_conversion(self.model, local).items()}
 
     def checkpoint_state(self) -> TorchModuleState:
         return TorchModuleState(self.model, self.optimizer, self.scheduler)

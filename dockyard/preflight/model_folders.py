@@ -56,7 +56,8 @@ def check_tensor_parallel_plan(path: str, size: int) -> list[Problem]:
 
 def check_megatron_model(cfg) -> list[Problem]:
     """The megatron converter knows the policy model's family, its heads, MLP and vocabulary split over
-    TP and its layers over PP, and megatron-core's config classes accept the forwarded fields' values."""
+    TP, its layers over PP and its experts over EP, and megatron-core's config classes accept the
+    forwarded fields' values."""
     from dockyard.policy.megatron.settings import upstream_settings
 
     def check(shape, folder):
@@ -64,6 +65,7 @@ def check_megatron_model(cfg) -> list[Problem]:
         megatron = cfg.policy.megatron_cfg
         shape.check_stages(megatron.pipeline_model_parallel_size, folder,
                            megatron.virtual_pipeline_model_parallel_size or 1)
+        shape.check_experts(megatron.expert_model_parallel_size, folder)
         upstream_settings(cfg, shape, trainable=True)
     return _decoder_problems(cfg, "megatron", check)
 

@@ -39,9 +39,10 @@ def tiny_deep_model(tiny_tied_model, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_model, tiny_tied_model, tiny_qwen3_model, tiny_deep_model, tmp_path_factory):
+def runs(tiny_model, tiny_tied_model, tiny_qwen3_model, tiny_deep_model, tiny_moe_model, tmp_path_factory):
     root = tmp_path_factory.mktemp("backends")
-    models = {"llama": tiny_model, "tied": tiny_tied_model, "qwen3": tiny_qwen3_model, "deep": tiny_deep_model}
+    models = {"llama": tiny_model, "tied": tiny_tied_model, "qwen3": tiny_qwen3_model, "deep": tiny_deep_model,
+              "moe": tiny_moe_model}
     results = {}
     for name, model in models.items():
         results[("dtensor", name)] = launch(1, root / f"dtensor-{name}.pt", "--backend", "dtensor", "--model", str(model))
@@ -53,6 +54,10 @@ def runs(tiny_model, tiny_tied_model, tiny_qwen3_model, tiny_deep_model, tmp_pat
                                                  "--model", str(models[name]))
     results[("megatron-dp2", "llama")] = launch(2, root / "dp2-llama.pt", "--backend", "megatron",
                                                 "--model", str(tiny_model))
+    # expert parallelism: each of the 2 data-parallel ranks holds 2 of the 4 experts, tokens travel to
+    # their experts and back with megatron's all-to-all dispatcher
+    results[("megatron-ep2", "moe")] = launch(2, root / "ep2-moe.pt", "--backend", "megatron", "--model",
+                                              str(tiny_moe_model), "--set=+policy.megatron_cfg.expert_model_parallel_size=2")
     # shared-prompt rows: the batch's four prompts with their two responses each in one row (a wrong mask
     # or position lets a response see its neighbour's tokens and moves its logprobs far past 1e-4)
     shared = [f"--set={setting}" for setting in (
@@ -90,7 +95,8 @@ def runs(tiny_model, tiny_tied_model, tiny_qwen3_model, tiny_deep_model, tmp_pat
                                           ("megatron-tp2", "llama"), ("megatron-tp2", "qwen3"),
                                           ("megatron-dp2", "llama"), ("megatron-shared", "llama"),
                                           ("megatron-tp2-shared", "qwen3"), ("megatron-pp2", "tied"),
-                                          ("megatron-pp2-shared", "qwen3"), ("megatron-vpp", "deep")])
+                                          ("megatron-pp2-shared", "qwen3"), ("megatron-vpp", "deep"),
+                                          ("megatron", "moe"), ("megatron-ep2", "moe")])
 def test_megatron_matches_dtensor_on_the_same_weights_and_batch(runs, world, model):
     got, want = runs[(world, model)], runs[("dtensor", model)]
     assert_trains_like(got, want)
@@ -98,7 +104,7 @@ def test_megatron_matches_dtensor_on_the_same_weights_and_batch(runs, world, mod
 
 @pytest.mark.parametrize("backend, model", [("dtensor", "llama"), ("megatron", "llama"), ("megatron-tp2", "llama"),
                                             ("megatron-dp2", "llama"), ("megatron-pp2", "tied"),
-                                            ("megatron-vpp", "deep")])
+                                            ("megatron-vpp", "deep"), ("megatron-ep2", "moe")])
 def test_every_backend_resumes_exactly_and_loads_a_reference_from_its_checkpoint(runs, backend, model):
     got = runs[(backend, model)]
     assert_resumes_exactly(got)
@@ -122,8 +128,8 @@ def test_a_pipelined_checkpoint_loads_as_a_reference_on_one_rank_and_its_optimiz
 
 
 @pytest.mark.parametrize("tp", [1, 2])
-def test_the_weight_converter_round_trips_bit_identically(tiny_model, tiny_tied_model, tiny_qwen3_model, tmp_path,
-                                                          tp):
+def test_the_weight_converter_round_trips_bit_identically(tiny_model, tiny_tied_model, tiny_qwen3_model,
+                                                          tiny_moe_model, tmp_path, tp):
     import json
 
     from safetensors.torch import load_file
@@ -134,10 +140,15 @@ def test_the_weight_converter_round_trips_bit_identically(tiny_model, tiny_tied_
     AutoModelForCausalLM.from_config(Qwen2Config(vocab_size=256, hidden_size=64, intermediate_size=96,
                                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                                  tie_word_embeddings=False)).save_pretrained(qwen2)
-    for folder in (tiny_model, tiny_tied_model, tiny_qwen3_model, qwen2):
+    for folder in (tiny_model, tiny_tied_model, tiny_qwen3_model, qwen2, tiny_moe_model):
         hf = load_file(str(folder / "model.safetensors"))
         shape = convert.DecoderShape.of(json.loads((folder / "config.json").read_text()), str(folder))
         shards = [convert.to_megatron(hf, shape, tp, rank) for rank in range(tp)]
+        if shape.experts:   # and over 2 expert-parallel ranks, 2 experts each
+            shares = [[convert.expert_share(shard, shape, 2, ep_rank) for ep_rank in range(2)] for shard in shards]
+            assert all(sum(".local_experts.1." in n for n in s) and not any(".local_experts.2." in n for n in s)
+                       for tp_shares in shares for s in tp_shares)
+            shards = [convert.all_experts(tp_shares, shape) for tp_shares in shares]
         back = convert.to_hf(shards, shape)
         expected = {n: t for n, t in hf.items() if not (shape.tied and n == "lm_head.weight")}
         assert set(back) == set(expected), folder.name
@@ -166,7 +177,7 @@ def test_bad_megatron_input_is_refused_by_name_before_training(tiny_model, tmp_p
     gpt2 = tmp_path / "gpt2"
     gpt2.mkdir()
     (gpt2 / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
-    with pytest.raises(PolicySetupError, match="gpt2.* the megatron weight converter knows the llama, qwen2, qwen3"):
+    with pytest.raises(PolicySetupError, match="gpt2.* the megatron weight converter knows the llama, qwen2, qwen3, qwen3_moe"):
         convert.DecoderShape.of(json.loads((gpt2 / "config.json").read_text()), str(gpt2))
     shape = convert.DecoderShape.of(json.loads((tiny_model / "config.json").read_text()), str(tiny_model))
     with pytest.raises(PolicySetupError, match="tensor_model_parallel_size 3: .* 2 key/value heads"):
@@ -176,3 +187,37 @@ def test_bad_megatron_input_is_refused_by_name_before_training(tiny_model, tmp_p
     with pytest.raises(PolicySetupError, match="virtual_pipeline_model_parallel_size 2: .* 2 layers, which 2 pipeline "
                                                "stages x 2 model chunks cannot split evenly"):
         shape.check_stages(2, str(tiny_model), 2)
+    with pytest.raises(PolicySetupError, match="expert_model_parallel_size 2: .* a dense llama model without experts"):
+        shape.check_experts(2, str(tiny_model))
+
+
+def test_mixtures_of_experts_are_refused_by_name_where_they_are_not_built(tiny_moe_model):
+    import json
+
+    from dockyard.policy.samples import PolicySetupError
+
+    config = json.loads((tiny_moe_model / "config.json").read_text())
+    shape = convert.DecoderShape.of(config, "moe")
+    with pytest.raises(PolicySetupError, match="expert_model_parallel_size 3: moe has 4 experts per layer"):
+        shape.check_experts(3, "moe")
+    with pytest.raises(PolicySetupError, match="'qwen3_moe' model; the jax weight converter knows the llama, qwen2, "
+                                               "qwen3 families"):
+        convert.DecoderShape.of(config, "moe", "jax")
+    with pytest.raises(PolicySetupError, match=r"mixes dense layers \[1\]"):
+        convert.DecoderShape.of({**config, "mlp_only_layers": [1]}, "moe")
+
+    from dockyard.config import load_config
+    from dockyard.policy.megatron.settings import upstream_settings
+
+    def settings(*overrides):
+        cfg = load_config("grpo_tiny.yaml", [f"policy.model_name={tiny_moe_model}", "policy.backend=megatron",
+                                             *overrides]).config
+        return upstream_settings(cfg, shape, trainable=True)
+
+    transformer, _, _ = settings("+policy.megatron_cfg.expert_model_parallel_size=2")
+    assert (transformer.num_moe_experts, transformer.moe_router_topk, transformer.moe_router_pre_softmax) == (4, 2, False)
+    with pytest.raises(PolicySetupError, match="tensor_model_parallel_size 2: megatron-core trains a mixture of experts "
+                                               "beside tensor parallelism only with sequence parallelism"):
+        settings("+policy.megatron_cfg.tensor_model_parallel_size=2")
+    with pytest.raises(PolicySetupError, match="policy.megatron_cfg.sequence_parallel: .* no sequence-parallel norms"):
+        settings("+policy.megatron_cfg.sequence_parallel=true")

@@ -6,7 +6,10 @@ grouped per key/value head ([q heads of group 0, k 0, v 0, q heads of group 1, .
 tensor-parallel rank holds whole groups, and gate and up into `linear_fc1` ([gate shard; up shard]
 on each rank). Column-parallel weights split their output rows over TP, row-parallel ones
 (`linear_proj`, `linear_fc2`) their input columns; the embedding and the output layer split the
-vocabulary."""
+vocabulary. A mixture of experts (Qwen3-MoE) keeps its router (`mlp.gate` -> `mlp.router`, whole on
+every rank) and each expert's MLP as a dense one (`mlp.experts.E.*` ->
+`mlp.experts.local_experts.E.*`, split over TP the same way); the experts themselves split over the
+expert-parallel ranks (`expert_share` / `all_experts`)."""
 
 from __future__ import annotations
 
@@ -51,9 +54,14 @@ def to_megatron(hf: dict[str, torch.Tensor], shape: DecoderShape, tp: int, rank:
         out[m + "self_attention.linear_proj.weight"] = _columns(hf[attention + "o_proj.weight"], tp, rank)
         out[m + "input_layernorm.weight"] = hf[h + "input_layernorm.weight"]
         out[m + "pre_mlp_layernorm.weight"] = hf[h + "post_attention_layernorm.weight"]
-        out[m + "mlp.linear_fc1.weight"] = torch.cat([_rows(hf[h + "mlp.gate_proj.weight"], tp, rank),
-                                                      _rows(hf[h + "mlp.up_proj.weight"], tp, rank)])
-        out[m + "mlp.linear_fc2.weight"] = _columns(hf[h + "mlp.down_proj.weight"], tp, rank)
+        mlps = [(h + "mlp.", m + "mlp.")]
+        if shape.experts:
+            out[m + "mlp.router.weight"] = hf[h + "mlp.gate.weight"]
+            mlps = [(f"{h}mlp.experts.{e}.", f"{m}mlp.experts.local_experts.{e}.") for e in range(shape.experts)]
+        for hf_mlp, mlp in mlps:
+            out[mlp + "linear_fc1.weight"] = torch.cat([_rows(hf[hf_mlp + "gate_proj.weight"], tp, rank),
+                                                        _rows(hf[hf_mlp + "up_proj.weight"], tp, rank)])
+            out[mlp + "linear_fc2.weight"] = _columns(hf[hf_mlp + "down_proj.weight"], tp, rank)
     return out
 
 
@@ -90,10 +98,15 @@ def to_hf(shards: list[dict[str, torch.Tensor]], shape: DecoderShape) -> dict[st
         out[attention + "o_proj.weight"] = columns(m + "self_attention.linear_proj.weight")
         out[h + "input_layernorm.weight"] = first[m + "input_layernorm.weight"]
         out[h + "post_attention_layernorm.weight"] = first[m + "pre_mlp_layernorm.weight"]
-        halves = [s[m + "mlp.linear_fc1.weight"].chunk(2, 0) for s in shards]
-        out[h + "mlp.gate_proj.weight"] = torch.cat([gate for gate, _ in halves])
-        out[h + "mlp.up_proj.weight"] = torch.cat([up for _, up in halves])
-        out[h + "mlp.down_proj.weight"] = columns(m + "mlp.linear_fc2.weight")
+        mlps = [(h + "mlp.", m + "mlp.")]
+        if shape.experts:
+            out[h + "mlp.gate.weight"] = first[m + "mlp.router.weight"]
+            mlps = [(f"{h}mlp.experts.{e}.", f"{m}mlp.experts.local_experts.{e}.") for e in range(shape.experts)]
+        for hf_mlp, mlp in mlps:
+            halves = [s[mlp + "linear_fc1.weight"].chunk(2, 0) for s in shards]
+            out[hf_mlp + "gate_proj.weight"] = torch.cat([gate for gate, _ in halves])
+            out[hf_mlp + "up_proj.weight"] = torch.cat([up for _, up in halves])
+            out[hf_mlp + "down_proj.weight"] = columns(mlp + "linear_fc2.weight")
     return out
 
 
@@ -138,4 +151,42 @@ def whole_model(stages: list[dict[str, torch.Tensor]], shape: DecoderShape) -> d
                 out[_renumbered(name, stage * per_stage)] = tensor
             elif not (shape.tied and name == "output_layer.weight"):
                 out[name] = tensor
+    return out
+
+
+_LOCAL_EXPERTS = ".mlp.experts.local_experts."
+
+
+def _expert_index(name: str) -> tuple[str, int, str] | None:
+    head, found, tail = name.partition(_LOCAL_EXPERTS)
+    if not found:
+        return None
+    index, _, rest = tail.partition(".")
+    return head, int(index), rest
+
+
+def expert_share(state: dict[str, torch.Tensor], shape: DecoderShape, ep: int, ep_rank: int) -> dict[str, torch.Tensor]:
+    """One expert-parallel rank's part of a GPTModel state dict holding every expert: its experts (the
+    consecutive block ep_rank of experts / ep, numbered from 0 as megatron's local experts) and every
+    other weight (the attention, the router, the norms: the same on all expert-parallel ranks)."""
+    per_rank = shape.experts // ep
+    out = {}
+    for name, tensor in state.items():
+        expert = _expert_index(name)
+        if expert is None:
+            out[name] = tensor
+        elif ep_rank * per_rank <= expert[1] < (ep_rank + 1) * per_rank:
+            out[f"{expert[0]}{_LOCAL_EXPERTS}{expert[1] - ep_rank * per_rank}.{expert[2]}"] = tensor
+    return out
+
+
+def all_experts(shares: list[dict[str, torch.Tensor]], shape: DecoderShape) -> dict[str, torch.Tensor]:
+    """The inverse of expert_share: every expert-parallel rank's state dict (in rank order) as one."""
+    per_rank = shape.experts // len(shares)
+    out = {name: tensor for name, tensor in shares[0].items() if _expert_index(name) is None}
+    for rank, share in enumerate(shares):
+        for name, tensor in share.items():
+            expert = _expert_index(name)
+            if expert is not None:
+                out[f"{expert[0]}{_LOCAL_EXPERTS}{expert[1] + rank * per_rank}.{expert[2]}"] = tensor
     return out

@@ -1,9 +1,9 @@
 """megatron-core on a CPU-only torch: megatron 0.16 is written for CUDA and names the device in a
 few places that have nothing CUDA-specific in them (its optimizers' scale and overflow buffers,
-RoPE's frequency table, the default causal mask, the checkpoint writer's synchronize, and a
-`param.type() == 'torch.cuda.FloatTensor'` check). On a machine without CUDA those calls go to the
-CPU instead; nothing changes where CUDA exists. The gloo process groups and every computation are
-megatron's own."""
+RoPE's frequency table, the default causal mask, the checkpoint writer's synchronize, a
+`param.type() == 'torch.cuda.FloatTensor'` check, and the MoE all-to-all dispatcher's side stream for
+copying its split sizes to the host). On a machine without CUDA those calls go to the CPU instead;
+nothing changes where CUDA exists. The gloo process groups and every computation are megatron's own."""
 
 from __future__ import annotations
 
@@ -28,6 +28,20 @@ class _CudaNamesOnCpu(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+class _HostStream:
+    """A CUDA stream's place on the CPU: work is already in order, so waits and events are done at once."""
+
+    def wait_stream(self, other) -> None:
+        pass
+
+    def record_event(self, event=None) -> "_HostStream":
+        return self
+
+    def synchronize(self) -> None:
+        pass
+
+
+_HOST_STREAM = _HostStream()
 _active = False
 
 
@@ -38,8 +52,34 @@ def use_cpu() -> None:
         return
     torch.cuda.current_device = lambda: torch.device("cpu")
     torch.cuda.synchronize = lambda *args, **kwargs: None
+    torch.cuda.Stream = lambda *args, **kwargs: _HostStream()
+    torch.cuda.current_stream = lambda *args, **kwargs: _HOST_STREAM
+    torch.cuda.stream = lambda stream: contextlib.nullcontext()
+    _sizes_as_numbers()
     _CudaNamesOnCpu().__enter__()
     _active = True
+
+
+def _sizes_as_numbers() -> None:
+    """The all-to-all dispatcher hands its split sizes to all_to_all_single as host numpy arrays, made by
+    a helper that converts GPU tensors only; on the CPU they stay tensors, which the collective refuses."""
+    with quiet_import():
+        from megatron.core.transformer.moe import token_dispatcher
+
+    def to_host(tensor, as_numpy=False, record_stream=False):
+        return tensor.numpy() if as_numpy and torch.is_tensor(tensor) else tensor
+
+    token_dispatcher.maybe_move_tensor_to_cpu = to_host
+
+
+def without_transformer_engine() -> None:
+    """megatron 0.16's MoE router reads the name `te_general_gemm`, which its module defines only when
+    transformer-engine imports (a NameError on any machine without it, GPU or not)."""
+    with quiet_import():
+        from megatron.core.transformer.moe import moe_utils
+
+    if not moe_utils.HAVE_TE and not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
 
 
 def quiet_megatron() -> None:

@@ -23,7 +23,7 @@ from dockyard.model_files import folder_weights
 from dockyard.models import model_folder
 from dockyard.policy.base import Policy
 from dockyard.policy.megatron import convert
-from dockyard.policy.megatron.cpu import quiet_import, quiet_megatron, use_cpu
+from dockyard.policy.megatron.cpu import quiet_import, quiet_megatron, use_cpu, without_transformer_engine
 from dockyard.policy.megatron.settings import unbuilt, upstream_settings
 from dockyard.policy.prompt_rows import layout_rows, plan_batches
 from dockyard.policy.samples import (PolicySetupError, Sample, TrainingInterrupted, lr_factor,
@@ -56,6 +56,7 @@ class MegatronPolicy(Policy):
         if device.type == "cpu":
             use_cpu()
         quiet_megatron()
+        without_transformer_engine()
         with quiet_import():
             from megatron.core import parallel_state
             from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -64,15 +65,20 @@ class MegatronPolicy(Policy):
         self.parallel = parallel_state
         megatron = policy.megatron_cfg
         tp, pp = megatron.tensor_model_parallel_size, megatron.pipeline_model_parallel_size
+        ep = megatron.expert_model_parallel_size
         chunks = megatron.virtual_pipeline_model_parallel_size or 1
         if world.world_size % (tp * pp):
             raise PolicySetupError(f"policy.megatron_cfg: tensor_model_parallel_size {tp} x pipeline_model_parallel_size "
                                    f"{pp} does not divide the trainer world of {world.world_size} ranks")
+        if world.world_size // (tp * pp) % ep:
+            raise PolicySetupError(f"policy.megatron_cfg.expert_model_parallel_size {ep}: the experts split over "
+                                   f"data-parallel ranks, and there are {world.world_size // (tp * pp)}")
         if not parallel_state.model_parallel_is_initialized():
             # one model's ranks are neighbours (TP innermost, then the pipeline stages), as the trainer world's
             # data ranks (WorldInfo: rank // model_parallel_size) assume
             parallel_state.initialize_model_parallel(
-                tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, order="tp-cp-ep-pp-dp",
+                tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, expert_model_parallel_size=ep,
+                order="tp-cp-ep-pp-dp",
                 virtual_pipeline_model_parallel_size=megatron.virtual_pipeline_model_parallel_size)
             # dropout is off (the trainer's logprobs are the servers' policy): no per-rank RNG streams needed
             initialize_rng_tracker(inference_rng_tracker=True)
@@ -80,6 +86,7 @@ class MegatronPolicy(Policy):
                 optimizer = "distributed optimizer" if policy.megatron_cfg.use_distributed_optimizer else "optimizer"
                 stages = f" x {pp} pipeline stages" if pp > 1 else ""
                 stages += f" of {chunks} model chunks each (interleaved)" if chunks > 1 else ""
+                stages += f", the experts over {ep} of the data-parallel ranks" if ep > 1 else ""
                 print(f"dockyard: megatron trainer mesh: {world.world_size} rank(s) = {world.world_size // (tp * pp)} "
                       f"data-parallel x {tp} tensor-parallel{stages} (megatron DDP and its {optimizer} over "
                       f"data-parallel; each model's {tp * pp} rank(s) are neighbours, tensor-parallel innermost)",
@@ -95,14 +102,18 @@ class MegatronPolicy(Policy):
         self.first_stage_rank = parallel_state.get_pipeline_model_parallel_first_rank()
         self.dp_group = parallel_state.get_data_parallel_group()
         self.dp_size = parallel_state.get_data_parallel_world_size()
+        self.ep, self.ep_rank = ep, parallel_state.get_expert_model_parallel_rank()
+        self.ep_group = parallel_state.get_expert_model_parallel_group()
         self.folder = model_folder(model_path or policy.model_name)
         hf_config = json.loads((self.folder / "config.json").read_text())
         self.shape = convert.DecoderShape.of(hf_config, str(self.folder))
         self.shape.check_split(tp, str(self.folder))
         self.shape.check_stages(pp, str(self.folder), chunks)
+        self.shape.check_experts(ep, str(self.folder))
         transformer, ddp, optimizer = upstream_settings(config, self.shape, trainable)
         self.transformer_config = transformer
-        spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=self.shape.qk_norm)
+        spec = get_gpt_layer_local_spec(num_experts=self.shape.experts or None, normalization="RMSNorm",
+                                        qk_layernorm=self.shape.qk_norm)
         with quiet_import():
             self.gpts = [GPTModel(config=transformer, transformer_layer_spec=spec, vocab_size=self.shape.vocab,
                                   max_sequence_length=self.shape.max_positions, position_embedding_type="rope",
@@ -145,6 +156,8 @@ class MegatronPolicy(Policy):
     def _load_hf(self, hf: dict[str, torch.Tensor]) -> None:
         try:
             whole = convert.to_megatron(hf, self.shape, self.tp, self.tp_rank)
+            if self.shape.experts:
+                whole = convert.expert_share(whole, self.shape, self.ep, self.ep_rank)
         except KeyError as err:
             raise PolicySetupError(f"{self.folder}: weight {err.args[0]} is missing for a {self.shape.family} "
                                    "model") from None
@@ -161,11 +174,15 @@ class MegatronPolicy(Policy):
                         tensor.copy_(state[name].to(tensor.dtype))
 
     def _gathered_hf(self) -> dict[str, torch.Tensor]:
-        """Full HF weights on rank 0 (every rank calls it; the TP groups gather their shards, then the
-        pipeline stages send theirs to the first stage)."""
+        """Full HF weights on rank 0 (every rank calls it; the expert-parallel ranks gather their experts,
+        the TP groups their shards, then the pipeline stages send theirs to the first stage)."""
         chunks = []   # per model chunk of this stage: its shards of every TP rank
         for gpt in self.gpts:
             local = {name: t.detach() for name, t in gpt.state_dict().items() if not name.endswith("_extra_state")}
+            if self.ep > 1:
+                shares = [None] * self.ep
+                dist.all_gather_object(shares, local, group=self.ep_group)
+                local = convert.all_experts(shares, self.shape)
             if self.tp == 1:
                 chunks.append([local])
                 continue
@@ -486,8 +503,9 @@ class MegatronState:
         with_optimizer = held["optimizer"] and self.policy.optimizer is not None
         if with_optimizer:
             saved = json.loads((folder / LAYOUT).read_text()) if (folder / LAYOUT).is_file() else None
-            if saved is not None:   # steps written before pipeline stages were built had one
-                saved = {"pipeline_model_parallel_size": 1, "virtual_pipeline_model_parallel_size": 1, **saved}
+            if saved is not None:   # steps written before pipeline stages and experts were built had one of each
+                saved = {"pipeline_model_parallel_size": 1, "virtual_pipeline_model_parallel_size": 1,
+                         "expert_model_parallel_size": 1, **saved}
             if saved != self._layout():
                 raise CheckpointLoadError(
                     f"{folder}: its optimizer state was saved by a megatron world of {saved}, and this run is "
@@ -512,7 +530,7 @@ class MegatronState:
         megatron = self.policy.config.policy.megatron_cfg
         return {"tensor_model_parallel_size": self.policy.tp, "pipeline_model_parallel_size": self.policy.pp,
                 "virtual_pipeline_model_parallel_size": len(self.policy.models),
-                "data_parallel_size": self.policy.dp_size,
+                "data_parallel_size": self.policy.dp_size, "expert_model_parallel_size": self.policy.ep,
                 "use_distributed_optimizer": megatron.use_distributed_optimizer}
 
     def _fill_empty_optimizer_state(self) -> None:

@@ -22,7 +22,8 @@ _DERIVED = {"num_layers", "hidden_size", "num_attention_heads", "num_query_group
             "normalization", "layernorm_epsilon", "gated_linear_unit", "activation_func", "add_bias_linear",
             "add_qkv_bias", "qk_layernorm", "params_dtype", "lr", "weight_decay", "adam_beta1", "adam_beta2",
             "adam_eps", "clip_grad", "optimizer", "hidden_dropout", "attention_dropout", "pipeline_dtype",
-            "variable_seq_lengths"}
+            "variable_seq_lengths", "num_moe_experts", "moe_router_topk", "moe_ffn_hidden_size",
+            "moe_router_pre_softmax", "expert_model_parallel_size"}
 _PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -34,7 +35,6 @@ def unbuilt(cfg: MasterConfig) -> list[Problem]:
     problems = []
     for name, value, what in (
             ("context_parallel_size", m.context_parallel_size > 1, "context parallelism"),
-            ("expert_model_parallel_size", m.expert_model_parallel_size > 1, "expert parallelism (MoE models)"),
             ("expert_tensor_parallel_size", m.expert_tensor_parallel_size is not None, "expert tensor parallelism"),
             ("fp8", m.fp8 is not None, "FP8 training (transformer-engine, GPUs)"),
             ("optimizer_cpu_offload", m.optimizer_cpu_offload, "optimizer CPU offload")):
@@ -105,6 +105,22 @@ def _pipeline_settings(m, dtype) -> dict:
     return settings
 
 
+def _expert_settings(m, shape) -> dict:
+    """A mixture of experts as the HF model computes it: each token's top-k experts by router logit,
+    their probabilities a softmax over all experts (renormalised over the k when the model's
+    norm_topk_prob says so: the same as a softmax over the k logits), no capacity limit (no token
+    dropped), and no load-balancing loss (the HF model adds its auxiliary loss only with
+    output_router_logits; megatron_cfg may forward moe_router_load_balancing_type and
+    moe_aux_loss_coeff). Tokens move between expert-parallel ranks with megatron's all-to-all
+    dispatcher."""
+    if not shape.experts:
+        return {}
+    return {"num_moe_experts": shape.experts, "moe_router_topk": shape.experts_per_token,
+            "moe_ffn_hidden_size": shape.expert_ffn, "moe_router_pre_softmax": not shape.renormalise_topk,
+            "moe_router_load_balancing_type": "none", "moe_token_dispatcher_type": "alltoall",
+            "expert_model_parallel_size": m.expert_model_parallel_size}
+
+
 def upstream_settings(cfg: MasterConfig, shape, trainable: bool):
     """(TransformerConfig, DistributedDataParallelConfig, OptimizerConfig) for this run."""
     TransformerConfig, DDPConfig, OptimizerConfig = _upstream_classes()
@@ -123,6 +139,17 @@ def upstream_settings(cfg: MasterConfig, shape, trainable: bool):
 
     from dockyard.policy.megatron.cpu import quiet_import
 
+    # megatron trains experts beside TP only with sequence parallelism, whose norms its local layer
+    # spec does not build (transformer-engine's do; that spec is not wired here)
+    if extra.get("sequence_parallel"):
+        raise PolicySetupError("policy.megatron_cfg.sequence_parallel: megatron-core's local layer spec (the one "
+                               "dockyard builds; transformer-engine's is not wired yet) has no sequence-parallel "
+                               "norms; remove it")
+    if shape.experts and m.tensor_model_parallel_size > 1:
+        raise PolicySetupError(f"policy.megatron_cfg.tensor_model_parallel_size {m.tensor_model_parallel_size}: "
+                               "megatron-core trains a mixture of experts beside tensor parallelism only with "
+                               "sequence parallelism, which its local layer spec does not build; split the "
+                               "experts with expert_model_parallel_size instead")
     with quiet_import():
         transformer = build(
             TransformerConfig, num_layers=shape.layers, hidden_size=shape.hidden, num_attention_heads=shape.heads,
@@ -130,7 +157,8 @@ def upstream_settings(cfg: MasterConfig, shape, trainable: bool):
             normalization="RMSNorm", layernorm_epsilon=shape.norm_eps, gated_linear_unit=True, activation_func=F.silu,
             add_bias_linear=False, add_qkv_bias=shape.qkv_bias, qk_layernorm=shape.qk_norm, hidden_dropout=0.0,
             attention_dropout=0.0, use_cpu_initialization=True, params_dtype=dtype, bf16=m.bf16, fp16=m.fp16,
-            tensor_model_parallel_size=m.tensor_model_parallel_size, **_pipeline_settings(m, dtype),
+            tensor_model_parallel_size=m.tensor_model_parallel_size,
+            **_pipeline_settings(m, dtype) | _expert_settings(m, shape),
             # the fused kernels are CUDA builds; the plain torch paths compute the same (and the fused
             # causal softmax would ignore the block mask of shared-prompt rows)
             bias_activation_fusion=False, bias_dropout_fusion=False, apply_rope_fusion=False,
