@@ -5,6 +5,10 @@ after, the serving weights, and the logprobs of a fresh policy that resumed from
 saved after step 1 and trained step 2 again (exact resume), and of a reference loaded from it.
 
     python tests/policy/backend_worker.py --backend megatron|dtensor|jax --model DIR --out FILE [--tp 2] [--set K=V ...]
+        [--sft plain|packed]
+
+--sft trains SFT's next-token loss on conversations (a shared first token, assistant turns masked in),
+packed into shared rows (sft.packing) or one per row.
 """
 
 import argparse
@@ -18,7 +22,20 @@ from dockyard import registry
 from dockyard.config import load_config
 from dockyard.distributed import init_trainer_world
 from dockyard.io.checkpoint import CheckpointManager
+from dockyard.policy.samples import Sample
 from tests.policy.parallel_worker import fixed_samples
+
+
+def conversations(vocab: int) -> list[Sample]:
+    """Eight conversations of different lengths that start with the same token (a chat template's), each
+    with two trained stretches (assistant turns) among untrained ones."""
+    generator = torch.Generator().manual_seed(11)
+    samples = []
+    for length in (9, 14, 11, 20, 7, 16, 12, 10):
+        ids = [1] + torch.randint(3, vocab, (length - 1,), generator=generator).tolist()
+        mask = [int(length // 4 <= i < length // 2 or i >= 3 * length // 4) for i in range(1, length)]
+        samples.append(Sample(token_ids=ids, prompt_length=1, loss_mask=mask))
+    return samples
 
 
 def load_elsewhere(args, world, cfg, build) -> None:
@@ -57,6 +74,7 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[])
     parser.add_argument("--load", help="instead: a step saved by another layout, loaded as a reference and resumed")
     parser.add_argument("--truncated", help="with --load: a copy of a step with a cut checkpoint file, loaded too")
+    parser.add_argument("--sft", choices=("plain", "packed"), help="SFT's loss on conversations, packed or not")
     args = parser.parse_args()
     torch.set_num_threads(1)
     world = init_trainer_world(torch.device("cpu"), timeout_s=120, model_parallel_size=args.tp * args.pp)
@@ -72,8 +90,11 @@ def main() -> None:
                                                                                       "export_hf": True})})
 
     def build(trainable=True):
-        return registry.build("policy_backend", args.backend, config=cfg, world=world, device=torch.device("cpu"),
-                              total_optimizer_steps=4, trainable=trainable)
+        policy = registry.build("policy_backend", args.backend, config=cfg, world=world, device=torch.device("cpu"),
+                                total_optimizer_steps=4, trainable=trainable)
+        if args.sft:
+            policy.score_data(packed=args.sft == "packed")
+        return policy
 
     if args.load:
         load_elsewhere(args, world, cfg, build)
@@ -81,6 +102,10 @@ def main() -> None:
     policy = build()
     loss = registry.build("loss", cfg.loss_fn.name, config=cfg.loss_fn)
     samples = fixed_samples(512)
+    if args.sft:
+        from dockyard.loop.sft import NextTokenLoss
+
+        loss, samples = NextTokenLoss(), conversations(512)
     local = samples[world.data_rank::world.data_size]
     before = policy.logprobs(samples)
     manager = CheckpointManager(cfg.checkpointing, world.rank, hf_source=args.model)
@@ -101,8 +126,10 @@ def main() -> None:
     shards = {name: sorted(tuple(s.data.shape) for s in policy.params[name].addressable_shards)
               for name in ("model.layers.0.mlp.up_proj.weight", "model.layers.0.self_attn.o_proj.weight")} \
         if args.backend == "jax" else None
+    # megatron: how many rows the samples took (packed conversations share rows)
+    rows = policy._layout(samples).ids.shape[0] if args.backend == "megatron" else None
     if world.is_main:
-        torch.save({"before": before, "steps": steps, "after": after, "serving": serving, "again": again, "after_one": after_one,
+        torch.save({"rows": rows, "before": before, "steps": steps, "after": after, "serving": serving, "again": again, "after_one": after_one,
                     "resumed_after": resumed_after, "reference": reference_logprobs,
                     "hf_export": str(saved / "hf"), "shards": shards}, args.out)
     dist.barrier()

@@ -74,6 +74,20 @@ def runs(tiny_model, tiny_tied_model, tiny_qwen3_model, tiny_deep_model, tiny_mo
                                                "--model", str(tiny_tied_model))
     results[("megatron-pp2-shared", "qwen3")] = launch(2, root / "pp2-shared-qwen3.pt", "--backend", "megatron",
                                                        "--pp", "2", "--model", str(tiny_qwen3_model), *shared)
+    # SFT's loss on conversations, packed into shared rows by megatron, one per row by dtensor
+    sft = ["--set=policy.dynamic_batching.enabled=true", "--set=policy.dynamic_batching.max_tokens_per_gpu=64",
+           "--set=policy.max_total_sequence_length=64"]
+    results[("dtensor", "sft")] = launch(1, root / "dtensor-sft.pt", "--backend", "dtensor", "--model",
+                                         str(tiny_model), "--sft", "plain", *sft)
+    results[("megatron-packed", "sft")] = launch(1, root / "packed-sft.pt", "--backend", "megatron", "--model",
+                                                 str(tiny_model), "--sft", "packed", *sft)
+    # plain SGD (megatron's non-distributed optimizer: its distributed one shards Adam only), 2 data-parallel ranks
+    sgd = ["--set=policy.optimizer.name=sgd", "--set=policy.optimizer.lr=0.5",
+           "--set=+policy.megatron_cfg.use_distributed_optimizer=false"]
+    results[("dtensor", "sgd")] = launch(1, root / "dtensor-sgd.pt", "--backend", "dtensor", "--model", str(tiny_model),
+                                         *sgd)
+    results[("megatron-dp2", "sgd")] = launch(2, root / "dp2-sgd.pt", "--backend", "megatron", "--model",
+                                              str(tiny_model), *sgd)
     step = root / "tp2-llama.pt.checkpoints" / "step_1"
     cut = Path(shutil.copytree(step, root / "cut" / "step_1"))
     shard = max((cut / "dist_ckpt").glob("*.distcp"), key=lambda p: p.stat().st_size)
@@ -96,7 +110,8 @@ def runs(tiny_model, tiny_tied_model, tiny_qwen3_model, tiny_deep_model, tiny_mo
                                           ("megatron-dp2", "llama"), ("megatron-shared", "llama"),
                                           ("megatron-tp2-shared", "qwen3"), ("megatron-pp2", "tied"),
                                           ("megatron-pp2-shared", "qwen3"), ("megatron-vpp", "deep"),
-                                          ("megatron", "moe"), ("megatron-ep2", "moe")])
+                                          ("megatron", "moe"), ("megatron-ep2", "moe"), ("megatron-packed", "sft"),
+                                          ("megatron-dp2", "sgd")])
 def test_megatron_matches_dtensor_on_the_same_weights_and_batch(runs, world, model):
     got, want = runs[(world, model)], runs[("dtensor", model)]
     assert_trains_like(got, want)
@@ -104,10 +119,14 @@ def test_megatron_matches_dtensor_on_the_same_weights_and_batch(runs, world, mod
 
 @pytest.mark.parametrize("backend, model", [("dtensor", "llama"), ("megatron", "llama"), ("megatron-tp2", "llama"),
                                             ("megatron-dp2", "llama"), ("megatron-pp2", "tied"),
-                                            ("megatron-vpp", "deep"), ("megatron-ep2", "moe")])
+                                            ("megatron-vpp", "deep"), ("megatron-ep2", "moe"), ("megatron-dp2", "sgd")])
 def test_every_backend_resumes_exactly_and_loads_a_reference_from_its_checkpoint(runs, backend, model):
     got = runs[(backend, model)]
     assert_resumes_exactly(got)
+
+
+def test_megatron_packs_sft_conversations_into_shared_rows(runs):
+    assert runs[("megatron-packed", "sft")]["rows"] < 8   # eight conversations
 
 
 def test_a_tp2_checkpoint_loads_as_a_reference_on_one_rank_and_its_optimizer_is_refused_by_name(runs):
@@ -166,12 +185,13 @@ def test_bad_megatron_input_is_refused_by_name_before_training(tiny_model, tmp_p
             "+policy.megatron_cfg.tensor_model_parallel_size=1"]
     problems = {p.path: p.message for p in unbuilt(load_config("grpo_tiny.yaml", base + [
         "+policy.megatron_cfg.pipeline_model_parallel_size=2", "+policy.megatron_cfg.optimizer_cpu_offload=true",
-        "+policy.megatron_cfg.no_such_field=3",
+        "+policy.megatron_cfg.no_such_field=3", "policy.optimizer.name=sgd",
         "+policy.megatron_cfg.hidden_size=64",
         "policy.dtensor_cfg.tensor_parallel_size=2"]).config)}
     assert "which the megatron backend does not read" in problems["policy.dtensor_cfg.tensor_parallel_size"]
     assert "policy.megatron_cfg.pipeline_model_parallel_size" not in problems
     assert "optimizer CPU offload is not built" in problems["policy.megatron_cfg.optimizer_cpu_offload"]
+    assert "distributed optimizer shards Adam only" in problems["policy.optimizer.name"]
     assert "TransformerConfig" in problems["policy.megatron_cfg.no_such_field"]
     assert "set by dockyard from the model folder" in problems["policy.megatron_cfg.hidden_size"]
     gpt2 = tmp_path / "gpt2"

@@ -237,10 +237,10 @@ class MegatronPolicy(Policy):
         return MegatronState(self)
 
     def score_data(self, packed: bool) -> None:
-        if packed:
-            raise PolicySetupError("sft.packing: packed rows are not built for the megatron backend; set "
-                                   "sft.packing=false")
         self.temperature = 1.0
+        # every conversation starts with the same template token: rows of shared "prompts" are packed rows
+        # (the block mask keeps each conversation to itself, _rotary_at restarts its positions)
+        self.share_prompts = self.share_prompts or packed
 
     # --- forward ------------------------------------------------------------------------------
 
@@ -469,7 +469,7 @@ class MegatronState:
         # their global layer, so a step loads into any other pipeline layout
         model = {_chunk_key(c): chunk.sharded_state_dict() for c, chunk in enumerate(self.policy.models)}
         state = dict(model)
-        if with_optimizer and self.policy.optimizer is not None:
+        if with_optimizer and self._optimizer_keeps_state():
             state["optimizer"] = self.policy.optimizer.sharded_state_dict(model, is_loading=loading,
                                                                           metadata=_OPTIMIZER_SHARDING)
         return state
@@ -512,7 +512,8 @@ class MegatronState:
                     f"{self._layout()}; megatron's dp_reshardable optimizer state loads only into the same "
                     "tensor-parallel, pipeline and data-parallel layout (the weights load into any: use the step as "
                     "loss_fn.reference_model.checkpoint_path, or resume from its HF export as policy.model_name)")
-            self._fill_empty_optimizer_state()
+            if self._optimizer_keeps_state():
+                self._fill_empty_optimizer_state()
         try:
             loaded = dist_checkpointing.load(self._sharded(with_optimizer, loading=True), str(folder / "dist_ckpt"))
         except (Exception, CheckpointException) as err:   # megatron's, and DCP's per-rank BaseExceptions
@@ -521,10 +522,14 @@ class MegatronState:
                                       f"{lines[-1][:600] if lines else type(err).__name__}") from None
         for c, chunk in enumerate(self.policy.models):
             chunk.load_state_dict(loaded[_chunk_key(c)], strict=False)
-        if with_optimizer:
+        if with_optimizer and "optimizer" in loaded:
             with torch.no_grad():   # the fp32 parameters are the optimizer's own main copies
                 self.policy.optimizer.load_state_dict(loaded["optimizer"])
             self._restore_step_counts()
+
+    def _optimizer_keeps_state(self) -> bool:
+        # plain SGD keeps none (and megatron 0.16 cannot load an SGD's: it has no state initialiser for it)
+        return self.policy.optimizer is not None and self.policy.config.policy.optimizer.name != "sgd"
 
     def _layout(self) -> dict[str, Any]:
         megatron = self.policy.config.policy.megatron_cfg

@@ -21,7 +21,8 @@ from dockyard.policy.samples import PolicySetupError
 _DERIVED = {"num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "ffn_hidden_size",
             "normalization", "layernorm_epsilon", "gated_linear_unit", "activation_func", "add_bias_linear",
             "add_qkv_bias", "qk_layernorm", "params_dtype", "lr", "weight_decay", "adam_beta1", "adam_beta2",
-            "adam_eps", "clip_grad", "optimizer", "hidden_dropout", "attention_dropout", "pipeline_dtype",
+            "adam_eps", "clip_grad", "optimizer", "sgd_momentum", "hidden_dropout", "attention_dropout",
+            "pipeline_dtype",
             "variable_seq_lengths", "num_moe_experts", "moe_router_topk", "moe_ffn_hidden_size",
             "moe_router_pre_softmax", "expert_model_parallel_size"}
 _PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -41,9 +42,10 @@ def unbuilt(cfg: MasterConfig) -> list[Problem]:
         if value:
             problems.append(Problem(f"policy.megatron_cfg.{name}", f"{what} is not built for the megatron backend "
                                     "yet; use the default"))
-    if policy.optimizer.name != "adamw":
-        problems.append(Problem("policy.optimizer.name", "the megatron backend trains with AdamW only in this version "
-                                "(megatron's checkpoints of a torch SGD carry no step count); use adamw"))
+    if policy.optimizer.name == "sgd" and m.use_distributed_optimizer:
+        problems.append(Problem("policy.optimizer.name", "megatron-core's distributed optimizer shards Adam only "
+                                "(its checkpoint format); with sgd set policy.megatron_cfg.use_distributed_optimizer "
+                                "false"))
     if policy.lora.enabled:
         problems.append(Problem("policy.lora.enabled", "LoRA is not built for the megatron backend; use dtensor"))
     for name in changed_fields(cfg.policy.dtensor_cfg):
@@ -171,6 +173,7 @@ def upstream_settings(cfg: MasterConfig, shape, trainable: bool):
     adam = opt.name == "adamw"
     optimizer = build(OptimizerConfig, optimizer="adam" if adam else "sgd", lr=opt.lr, weight_decay=opt.weight_decay,
                       adam_beta1=opt.betas[0], adam_beta2=opt.betas[1], adam_eps=opt.eps,
+                      sgd_momentum=0.0,   # policy.optimizer's sgd is plain SGD, as the dtensor backend's
                       clip_grad=policy.max_grad_norm, use_distributed_optimizer=m.use_distributed_optimizer,
                       bf16=m.bf16, fp16=m.fp16, params_dtype=dtype)
     return transformer, ddp, optimizer
