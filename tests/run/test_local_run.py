@@ -304,6 +304,24 @@ def test_a_model_parallel_run_builds_the_mesh_the_dry_run_plans(tiny_model, tmp_
     assert sorted(final_weights(tmp_path, 2)) == sorted(load_file(str(tiny_model / "model.safetensors")))
 
 
+def test_a_mixture_of_experts_trains_over_expert_parallel_ranks_and_refits_the_engine(tiny_moe_model, tmp_path):
+    """megatron with each layer's 4 experts split over 2 ranks (EP 2): every step the experts are gathered
+    and sent to the engine under the checkpoint's per-expert names (the engine fuses them back; a wrong
+    set ends the run), and the HF export has the model's own names with trained experts."""
+    result = run(tmp_path, tiny_moe_model, f"policy.model_name={tiny_moe_model}", "policy.backend=megatron",
+                 "policy.megatron_cfg={expert_model_parallel_size: 2}", "cluster.cpu_ranks_per_node=2",
+                 "grpo.max_num_steps=2", "checkpointing.save_period=2", "checkpointing.export_hf=true",
+                 "loss_fn.entropy_coef=0.01")   # a gradient even when every reward is 0
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "the experts over 2 of the data-parallel ranks" in result.stdout and "step 2:" in result.stdout
+    step = tmp_path / "runs" / "grpo_tiny" / "checkpoints" / "step_2"
+    exported, initial = load_file(str(step / "hf" / "model.safetensors")), load_file(str(tiny_moe_model / "model.safetensors"))
+    assert set(exported) == set(initial)
+    assert all(any(not torch.equal(exported[f"model.layers.{layer}.mlp.experts.{e}.down_proj.weight"],
+                                   initial[f"model.layers.{layer}.mlp.experts.{e}.down_proj.weight"]) for e in range(4))
+               for layer in range(2))
+
+
 def test_a_lora_run_trains_adapters_against_the_base_model_and_exports_the_merged_model(loop_run, tiny_model,
                                                                                        tmp_path):
     rows = loop_run(tmp_path, "policy.lora.enabled=true", "policy.optimizer.lr=1e-2", "grpo.max_num_steps=2",

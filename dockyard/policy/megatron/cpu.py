@@ -29,7 +29,11 @@ class _CudaNamesOnCpu(TorchFunctionMode):
 
 
 class _HostStream:
-    """A CUDA stream's place on the CPU: work is already in order, so waits and events are done at once."""
+    """A CUDA stream's place on the CPU: work is already in order, so waits and events are done at once.
+    A class, as torch.cuda.Stream is (transformers builds `torch.cuda.Stream | None` annotations)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        pass
 
     def wait_stream(self, other) -> None:
         pass
@@ -52,7 +56,7 @@ def use_cpu() -> None:
         return
     torch.cuda.current_device = lambda: torch.device("cpu")
     torch.cuda.synchronize = lambda *args, **kwargs: None
-    torch.cuda.Stream = lambda *args, **kwargs: _HostStream()
+    torch.cuda.Stream = _HostStream
     torch.cuda.current_stream = lambda *args, **kwargs: _HOST_STREAM
     torch.cuda.stream = lambda stream: contextlib.nullcontext()
     _sizes_as_numbers()

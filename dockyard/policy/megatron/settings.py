@@ -35,7 +35,9 @@ def unbuilt(cfg: MasterConfig) -> list[Problem]:
     m, policy = cfg.policy.megatron_cfg, cfg.policy
     problems = []
     for name, value, what in (
-            ("context_parallel_size", m.context_parallel_size > 1, "context parallelism"),
+            ("context_parallel_size", m.context_parallel_size > 1, "context parallelism (megatron-core's local "
+             "attention refuses it: only transformer-engine's attention splits the sequence, and that layer spec "
+             "is not wired)"),
             ("expert_tensor_parallel_size", m.expert_tensor_parallel_size is not None, "expert tensor parallelism"),
             ("fp8", m.fp8 is not None, "FP8 training (transformer-engine, GPUs)"),
             ("optimizer_cpu_offload", m.optimizer_cpu_offload, "optimizer CPU offload")):
