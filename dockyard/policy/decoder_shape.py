@@ -54,11 +54,11 @@ class DecoderShape:
         heads = config["num_attention_heads"]
         experts = {}
         if family in MIXTURES:
-            dense = config.get("mlp_only_layers") or []
-            if dense or config.get("decoder_sparse_step", 1) != 1:
-                raise PolicySetupError(f"policy.backend {backend}: {name} mixes dense layers {dense} (decoder_sparse_step "
-                                       f"{config.get('decoder_sparse_step', 1)}) among its expert layers; the {backend} "
-                                       "backend builds models with experts in every layer")
+            dense, step = config.get("mlp_only_layers") or [], config.get("decoder_sparse_step", 1)
+            if dense or step != 1:
+                raise PolicySetupError(f"policy.backend {backend}: {name} mixes dense layers {dense} "
+                                       f"(decoder_sparse_step {step}) among its expert layers; the {backend} backend "
+                                       "builds models with experts in every layer")
             experts = {"experts": config.get("num_experts") or config["num_local_experts"],
                        "experts_per_token": config["num_experts_per_tok"],
                        "expert_ffn": config["moe_intermediate_size"],

@@ -26,13 +26,19 @@ def tied_model(tiny_model, tmp_path):
     return out
 
 
-def test_serving_weights_leave_out_the_tied_alias_and_the_engine_ties_it(single_rank_world, tied_model):
-    cfg = load_config("grpo_tiny.yaml", [f"policy.model_name={tied_model}"]).config
-    policy = registry.build("policy_backend", "dtensor", config=cfg, world=single_rank_world,
-                            device=torch.device("cpu"), total_optimizer_steps=2)
+def trained_once(model, world):
+    """The dtensor policy of `model` after one training step."""
+    cfg = load_config("grpo_tiny.yaml", [f"policy.model_name={model}"]).config
+    policy = registry.build("policy_backend", "dtensor", config=cfg, world=world, device=torch.device("cpu"),
+                            total_optimizer_steps=2)
     loss = registry.build("loss", cfg.loss_fn.name, config=cfg.loss_fn)
     samples = [Sample(token_ids=[1, 2, 3, 4, 5], prompt_length=2, advantage=a) for a in (1.0, -1.0)]
     policy.train_mini_batch(samples, None, None, loss)
+    return policy
+
+
+def test_serving_weights_leave_out_the_tied_alias_and_the_engine_ties_it(single_rank_world, tied_model):
+    policy = trained_once(tied_model, single_rank_world)
 
     full = policy.full_state_dict()
     sent = policy.serving_weights(torch.bfloat16)
@@ -63,12 +69,7 @@ def test_a_mixture_of_experts_is_sent_under_its_checkpoint_names_and_the_engine_
     per-expert names, which the megatron backend's converter writes too, and the engine fuses them back."""
     from safetensors import safe_open
 
-    cfg = load_config("grpo_tiny.yaml", [f"policy.model_name={tiny_moe_model}"]).config
-    policy = registry.build("policy_backend", "dtensor", config=cfg, world=single_rank_world,
-                            device=torch.device("cpu"), total_optimizer_steps=2)
-    loss = registry.build("loss", cfg.loss_fn.name, config=cfg.loss_fn)
-    samples = [Sample(token_ids=[1, 2, 3, 4, 5], prompt_length=2, advantage=a) for a in (1.0, -1.0)]
-    policy.train_mini_batch(samples, None, None, loss)
+    policy = trained_once(tiny_moe_model, single_rank_world)
 
     sent = policy.serving_weights(torch.float32)
     with safe_open(str(tiny_moe_model / "model.safetensors"), "pt") as saved:

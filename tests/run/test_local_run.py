@@ -315,7 +315,8 @@ def test_a_mixture_of_experts_trains_over_expert_parallel_ranks_and_refits_the_e
     assert result.returncode == 0, result.stdout[-3000:]
     assert "the experts over 2 of the data-parallel ranks" in result.stdout and "step 2:" in result.stdout
     step = tmp_path / "runs" / "grpo_tiny" / "checkpoints" / "step_2"
-    exported, initial = load_file(str(step / "hf" / "model.safetensors")), load_file(str(tiny_moe_model / "model.safetensors"))
+    exported = load_file(str(step / "hf" / "model.safetensors"))
+    initial = load_file(str(tiny_moe_model / "model.safetensors"))
     assert set(exported) == set(initial)
     assert all(any(not torch.equal(exported[f"model.layers.{layer}.mlp.experts.{e}.down_proj.weight"],
                                    initial[f"model.layers.{layer}.mlp.experts.{e}.down_proj.weight"]) for e in range(4))
