@@ -283,7 +283,18 @@ def main() -> None:
                             "selected_test_files_to_run": json.dumps(task["run"])})
     (OUT / "swe_bench.jsonl").write_text("".join(json.dumps(row) + "\n" for row in bench))
     (OUT / "swe_pro.jsonl").write_text("".join(json.dumps(row) + "\n" for row in pro))
+    write_run_scripts([row["instance_id"] for row in pro])
     print(f"wrote {len(bench)} SWE-bench and {len(pro)} SWE-bench Pro tasks to {OUT}")
+
+
+def write_run_scripts(instance_ids: list[str]) -> None:
+    """SWE-bench Pro's run_scripts/<instance_id>/ (run_script.sh, parser.py) for each Pro row, from
+    tools/swe_pro_scripts/ (written in the published scripts' form)."""
+    for instance_id in instance_ids:
+        folder = OUT / "run_scripts" / instance_id
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in ("run_script.sh", "parser.py"):
+            shutil.copyfile(Path(__file__).parent / "swe_pro_scripts" / name, folder / name)
 
 
 if __name__ == "__main__":

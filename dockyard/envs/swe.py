@@ -26,7 +26,8 @@ Reward (env.reward_mode): `binary` is 1 when every FAIL_TO_PASS and PASS_TO_PASS
 Patches are scored env.num_workers at a time, each within env.task_timeout_s.
 
 Extra env keys: reward_mode (binary | tests_pass; binary), integrity_check (true), repos_dir (the
-folder of repositories; default: `repos/` beside the task file), sandbox_urls (scoring servers on
+folder of repositories; default: `repos/` beside the task file), run_scripts_dir (SWE-bench Pro's
+run_scripts/ folder, swe_pro.py; default: `run_scripts/` beside the task file), sandbox_urls (scoring servers on
 other machines, swe_server.py; default: score here) with scoring_secret_file (the secret they and
 the run share); agentic: tool_format, max_output_chars (as terminal_bench).
 """
@@ -47,10 +48,11 @@ from pathlib import Path, PurePosixPath
 from dockyard.agents.tool_format import TERMINAL_TOOLS
 from dockyard.config.schema.env import EnvConfig, SandboxConfig
 from dockyard.data.datasets import Prompt, split_row_slice
-from dockyard.envs import swe_harness
+from dockyard.envs import swe_harness, swe_pro
 from dockyard.envs.grading import (SHADOW_PACKAGES, new_plugin_name, read_records, shadows_test_machinery,
                                    verifier_env, verifier_files)
 from dockyard.envs.swe_environments import PYTHON_POLICIES, EnvironmentBuilder, RowEnvironment
+from dockyard.envs.swe_pro import RunScripts
 from dockyard.envs.swe_scoring_client import RemoteScorers, ScoringServerError, read_secret
 from dockyard.envs.swe_tasks import (PYTEST, RepoStore, SweTask, SweTaskError, patch_files, read_task_file,
                                      task_from_row)
@@ -62,7 +64,6 @@ from dockyard.sandboxes.factory import SandboxFactory
 
 REWARD_MODES = ("binary", "tests_pass")
 PASSING = ("passed", "xfailed")   # SWE-bench counts an expected failure as passing (a skip as not)
-TESTBED = "/testbed"
 TEST_DIRS = {"test", "tests", "testing"}
 TEST_CONFIG_FILES = {"conftest.py", "pytest.ini"}
 
@@ -163,23 +164,27 @@ def row_sandbox(task: SweTask, repos: RepoStore, environments: EnvironmentBuilde
     """The row's own environment (env.sandbox.task_images: build), else its checkout on the sandbox's."""
     if environments is not None:
         row = environments.environment_for(task)
-        return SandboxSpec(workdir=TESTBED, env=dict(row.image.env), name=f"task {task.instance_id}",
+        return SandboxSpec(workdir=task.repo_dir, env=dict(row.image.env), name=f"task {task.instance_id}",
                            image=row.image.tag, rootfs=row.image.rootfs), row
-    return SandboxSpec(workdir=TESTBED, files=[(repos.checkout(task), TESTBED)], name=f"task {task.instance_id}"), None
+    return SandboxSpec(workdir=task.repo_dir, files=[(repos.checkout(task), task.repo_dir)],
+                       name=f"task {task.instance_id}"), None
 
 
 class SweScorer:
     """Scores patches for SWE tasks in fresh sandboxes (steps 1-5 of the module doc)."""
 
     def __init__(self, sandboxes: SandboxFactory, repos: RepoStore, reward_mode: str = "binary",
-                 integrity_check: bool = True, environments: EnvironmentBuilder | None = None):
+                 integrity_check: bool = True, environments: EnvironmentBuilder | None = None,
+                 run_scripts: RunScripts | None = None):
         self.sandboxes, self.repos = sandboxes, repos
         self.reward_mode, self.integrity_check = reward_mode, integrity_check
         self.environments = environments
+        self.run_scripts = run_scripts or RunScripts(None)
 
     def score(self, task: SweTask, patch: str) -> SweResult:
         started = time.monotonic()
-        command = command_for(task, built=self.environments is not None)
+        scripts = self.run_scripts.for_task(task)
+        command = swe_pro.command(task) if scripts else command_for(task, built=self.environments is not None)
         flagged = integrity_findings(task, patch, command)
         if flagged and self.integrity_check:
             return SweResult(0.0, flagged=flagged, seconds=time.monotonic() - started,
@@ -217,18 +222,32 @@ class SweScorer:
             env, _ = verifier_env(sandbox, {**spec.env, **(row.test_env if row else {})}, [], safe_path=False,
                                   plugin_autoload=True, plugin=plugin)
             sandbox.place(verifier_files(Path(scratch) / "verifier", plugin))
+            if scripts:
+                swe_pro.place_scripts(sandbox, scripts, Path(scratch))
             log.append(f"+ {command}")
             run = sandbox.run(command, timeout_s=limit, env=env, replace_env=True)
             sandbox.end_processes()
             log.append(run.output)
             records, problems = read_records(sandbox) if swe_harness.runs_pytest(command) else ([], [])
-        statuses, why = self.statuses(task, command, patch, run.output, records, problems)
+            logs = swe_pro.collect_logs(sandbox, Path(scratch)) if scripts else {}
+        if scripts:   # the row's parser, in a sandbox of its own once the tests' sandbox is gone
+            notes.append(f"tests run by the row's run_script.sh and read by its parser.py ({scripts.run_script.parent})")
+            log.append("\n".join(f"[{name}]\n{data[-20000:].decode(errors='replace')}" for name, data in logs.items()))
+            statuses, reason = swe_pro.parse(self.sandboxes, task, scripts, logs, limit)
+            why = (reason, []) if reason else None
+        else:
+            statuses, why = self.statuses(task, command, patch, run.output, records, problems)
         if why:
             return SweResult(0.0, False, True, flagged + why[1], {}, "\n".join(log) + f"\n[verifier: {why[0]}; scored 0]",
                              time.monotonic() - started, notes, "no")
-        report, resolution = swe_harness.grade(task.fail_to_pass, task.pass_to_pass, statuses)
-        passed, broken = report["FAIL_TO_PASS"]["success"], report["PASS_TO_PASS"]["failure"]
-        resolved = resolution == "RESOLVED_FULL"
+        if scripts:
+            passed, broken = swe_pro.grade(task, statuses)
+            resolved = len(passed) == len(task.fail_to_pass) and not broken
+            resolution = "resolved" if resolved else "not resolved"
+        else:
+            report, resolution = swe_harness.grade(task.fail_to_pass, task.pass_to_pass, statuses)
+            passed, broken = report["FAIL_TO_PASS"]["success"], report["PASS_TO_PASS"]["failure"]
+            resolved = resolution == "RESOLVED_FULL"
         if self.reward_mode == "binary":
             reward = 1.0 if resolved else 0.0
         else:
@@ -238,7 +257,7 @@ class SweScorer:
                    + (f"; tests timed out after {limit:.0f} s" if run.timed_out else "") + "]")
         return SweResult(reward, resolved, True, flagged, statuses, "\n".join(log) + "\n" + summary,
                          time.monotonic() - started, notes,
-                         "pytest record" if swe_harness.runs_pytest(command) else "runner log")
+                         "row's parser" if scripts else "pytest record" if swe_harness.runs_pytest(command) else "runner log")
 
     @staticmethod
     def statuses(task: SweTask, command: str, patch: str, output: str, records, problems
@@ -250,7 +269,7 @@ class SweScorer:
         parser = swe_harness.log_parser(task.repo) or swe_harness.log_parser("pytest-dev/pytest")
         if not swe_harness.runs_pytest(command):
             return parser(output), None
-        touched = {f"{TESTBED}/{path}" for path in patch_files(patch)}
+        touched = {f"{task.repo_dir}/{path}" for path in patch_files(patch)}
         # plugins only: a patch may edit pyproject.toml or setup.cfg for its own reasons while pytest reads
         # them; the integrity check refuses pytest.ini and conftest.py edits
         foreign = sorted({p for record in records for p in record.plugins if os.path.normpath(p) in touched})
@@ -290,7 +309,7 @@ class SweEnvironment:
     tools = TERMINAL_TOOLS
     AGENT_KEYS = frozenset({"tool_format", "max_output_chars"})
     EXTRA_KEYS = frozenset({"reward_mode", "integrity_check", "repos_dir", "sandbox_urls", "scoring_secret_file",
-                            "python_versions"}) | AGENT_KEYS
+                            "python_versions", "run_scripts_dir"}) | AGENT_KEYS
 
     @classmethod
     def check_settings(cls, config: EnvConfig) -> dict:
@@ -310,6 +329,10 @@ class SweEnvironment:
             if config.sandbox is None or config.sandbox.task_images != "build":
                 raise ValueError("env.python_versions: only per-row environments read it (env.sandbox.task_images: "
                                  "build); remove it")
+        scripts = extra.get("run_scripts_dir")
+        if scripts is not None and (not isinstance(scripts, str) or not Path(scripts).is_dir()):
+            raise ValueError(f"env.run_scripts_dir: {scripts!r} is not a folder (SWE-bench Pro's run_scripts/, "
+                             "one <instance_id>/run_script.sh and parser.py per row)")
         mode = extra.get("reward_mode", "binary")
         if mode not in REWARD_MODES:
             raise ValueError(f"env.reward_mode: {mode!r} is not one of {', '.join(REWARD_MODES)}")
@@ -343,7 +366,8 @@ class SweEnvironment:
         self.remote = RemoteScorers(urls, config.task_timeout_s, read_secret(extra.get("scoring_secret_file"))) \
             if urls else None
         self.environments = EnvironmentBuilder.for_config(self.sandboxes, self.repos, config)
-        self.scorer = None if urls else SweScorer(self.sandboxes, self.repos, mode, integrity, self.environments)
+        self.scorer = None if urls else SweScorer(self.sandboxes, self.repos, mode, integrity, self.environments,
+                                                  RunScripts(extra.get("run_scripts_dir")))
         self.reward_mode, self.integrity_check = mode, integrity
         self._tasks: dict[tuple[str, str], SweTask] = {}
         self._lock = threading.Lock()
@@ -357,7 +381,7 @@ class SweEnvironment:
         """Agentic: each issue with where the repository is and how to finish."""
         if not self.multi_turn:
             return prompts
-        return [replace(p, input=str(p.input).rstrip() + f"\n\nThe repository is checked out in {TESTBED}, your "
+        return [replace(p, input=str(p.input).rstrip() + f"\n\nThe repository is checked out in {self.task_for(p).repo_dir}, your "
                         "working directory. Change its code to resolve the issue, then submit. Leave the tests alone: "
                         "a file you change or add that is a test (under tests/, test_*.py, conftest.py) scores 0.")
                 for p in prompts]
@@ -493,14 +517,14 @@ class SweEpisode(ShellEpisode):
         by the verifier once the agent's processes are gone (git hooks and fsmonitor off)."""
         self.sandbox.hand_over()
         env, _ = verifier_env(self.sandbox, {}, [], safe_path=True, plugin_autoload=False, plugin=None)
-        saved = f"{TESTBED}/.git/dockyard-agent.patch"
+        saved = f"{self.task.repo_dir}/.git/dockyard-agent.patch"
         with tempfile.TemporaryDirectory() as folder:
             Path(folder, "config").write_text(self.git_config)
             self.sandbox.copy_in(Path(folder), "/dockyard-git", read_only=True)
         result = self.sandbox.run("cp /dockyard-git/config .git/config && rm -f .git/info/attributes && "
                                   "rm -rf .pytest_cache; find . -name __pycache__ -type d -prune -exec rm -rf {} +; "
                                   "git add -A && git diff --cached --no-color --no-ext-diff --no-textconv "
-                                  f"{self.start} > {saved}", env={**env, "HOME": TESTBED}, replace_env=True)
+                                  f"{self.start} > {saved}", env={**env, "HOME": self.task.repo_dir}, replace_env=True)
         if not result.ok:
             return ""
         with tempfile.TemporaryDirectory() as folder:

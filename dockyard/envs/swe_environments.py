@@ -33,13 +33,12 @@ from pathlib import Path
 import yaml
 
 from dockyard.envs import swe_harness
-from dockyard.envs.swe_tasks import RepoStore, SweTask, SweTaskError
+from dockyard.envs.swe_tasks import TESTBED, RepoStore, SweTask, SweTaskError
 from dockyard.sandboxes.base import HOST_CA_BUNDLE
 from dockyard.sandboxes.images import ImageBuilder, TaskImage
 from dockyard.sandboxes.owners import owner_token
 from dockyard.sandboxes.reaping import SWE_BUILD_PREFIX
 
-TESTBED = "/testbed"
 VENV = "/opt/testbed-env"
 SYSTEM_PYTHON = ("3.11", "/usr/bin/python3.11")   # Debian 12's, in the base image
 DEFAULT_BASE = "localhost/dockyard-base:bookworm"

@@ -30,6 +30,7 @@ from pydantic import BaseModel
 
 from dockyard.envs.swe import REWARD_MODES, SweScorer
 from dockyard.envs.swe_environments import EnvironmentBuilder
+from dockyard.envs.swe_pro import RunScripts
 from dockyard.envs.swe_scoring_client import read_secret
 from dockyard.envs.swe_tasks import RepoStore, SweTaskError, read_task_file
 from dockyard.processes import publish_address
@@ -43,7 +44,7 @@ class ScoreRequest(BaseModel):
     integrity_check: bool = True
 
 
-def build_app(sandboxes, tasks: dict, repos: RepoStore, secret: str, environments=None):
+def build_app(sandboxes, tasks: dict, repos: RepoStore, secret: str, environments=None, run_scripts=None):
     """tasks: instance_id -> SweTask of the server's own config; only those are scored, each on its own
     environment when `environments` (swe_environments.EnvironmentBuilder: env.sandbox.task_images build)."""
     from fastapi import FastAPI, Header, HTTPException
@@ -68,7 +69,7 @@ def build_app(sandboxes, tasks: dict, repos: RepoStore, secret: str, environment
         if task is None:
             raise HTTPException(status_code=404, detail=f"task {request.instance_id!r} is not one of this server's "
                                                         f"{len(tasks)} tasks (its config's data.datasets)")
-        scorer = SweScorer(sandboxes, repos, request.reward_mode, request.integrity_check, environments)
+        scorer = SweScorer(sandboxes, repos, request.reward_mode, request.integrity_check, environments, run_scripts)
         try:
             result = scorer.score(task, request.patch)
         except (SweTaskError, SandboxError) as err:
@@ -124,5 +125,7 @@ def serve(cfg, host: str, port: int, address_file: str | None) -> int:
         publish_address(address_file, port)
     print(f"dockyard env serve-swe: scoring {len(tasks)} tasks with {sandboxes.config.type} sandboxes on {host}:{port}",
           file=sys.stderr, flush=True)
-    uvicorn.Server(uvicorn.Config(build_app(sandboxes, tasks, repos, secret, environments), log_level="warning")).run(sockets=[sock])
+    run_scripts = RunScripts((cfg.env.model_extra or {}).get("run_scripts_dir"))   # SWE-bench Pro rows' own runners
+    uvicorn.Server(uvicorn.Config(build_app(sandboxes, tasks, repos, secret, environments, run_scripts),
+                                  log_level="warning")).run(sockets=[sock])
     return 0

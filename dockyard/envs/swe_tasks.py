@@ -39,6 +39,8 @@ from dockyard.sandboxes.owners import owner_token
 from dockyard.sandboxes.reaping import SWE_REPOS_PREFIX
 
 PYTEST = "python3 -m pytest -rA -p no:cacheprovider"
+TESTBED = "/testbed"
+PRO_REPO_DIR = "/app"
 _DIFF_PATH = re.compile(r"^(?:diff --git a/(\S+) b/(\S+)|--- a/(\S+)|\+\+\+ b/(\S+)|rename (?:from|to) (\S+))",
                         re.MULTILINE)
 
@@ -67,6 +69,16 @@ class SweTask:
     @property
     def where(self) -> str:
         return f"{self.source}: task {self.instance_id}"
+
+    @property
+    def is_pro(self) -> bool:
+        return "selected_test_files_to_run" in self.row or "before_repo_set_cmd" in self.row
+
+    @property
+    def repo_dir(self) -> str:
+        """Where the repository is in the sandbox: SWE-bench's images keep it in /testbed, SWE-bench Pro's
+        in /app (its run scripts `cd /app`)."""
+        return PRO_REPO_DIR if self.is_pro else TESTBED
 
 
 def patch_files(patch: str) -> list[str]:
