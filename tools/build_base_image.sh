@@ -10,8 +10,19 @@
 set -euo pipefail
 tag=${1:-localhost/dockyard-base:bookworm}
 podman=(podman --runtime runc)
+python_tag="$tag-python"
+# what the `python:*` images give a Dockerfile that the Debian base does not: `python` on PATH and a pip
+# that installs into the system (no PEP 668 marker); a FROM python:... that base_images does not map is
+# built on it (sandboxes/images.py: family bases)
+build_python() {
+  printf 'FROM %s\nRUN ln -s /usr/bin/python3 /usr/bin/python && rm -f /usr/lib/python3*/EXTERNALLY-MANAGED\n' "$tag" |
+    "${podman[@]}" build --pull=never --network=none --ulimit nofile=20000:20000 --ulimit nproc=4096:4096 \
+      -t "$python_tag" -f - "$(mktemp -d)" >/dev/null || { echo "building $python_tag failed" >&2; exit 1; }
+  echo "$python_tag built"
+}
 if "${podman[@]}" image exists "$tag"; then
   echo "$tag is there"
+  "${podman[@]}" image exists "$python_tag" || build_python
   exit 0
 fi
 command -v mmdebstrap >/dev/null || { echo "mmdebstrap is missing (apt-get install mmdebstrap)" >&2; exit 1; }
@@ -32,3 +43,4 @@ printf 'FROM %s\nRUN python3 -m pip install --break-system-packages --no-cache-d
     ${ca:+--volume "$ca:$ca:ro"} -t "$tag" -f - "$work" >>"$log" 2>&1 || fail "pip install uv"
 "${podman[@]}" rmi "$tag-debian" >>"$log" 2>&1
 echo "$tag built in $(( $(date +%s) - started )) s: $("${podman[@]}" image inspect --format '{{.Size}}' "$tag" | awk '{printf "%d MB", $1/1e6}')"
+build_python

@@ -55,6 +55,7 @@ class TaskImage:
     notes: list[str] = field(default_factory=list)
     built_now: bool = False
     seconds: float = 0.0
+    services: dict[str, "TaskImage"] = field(default_factory=dict)   # a task's compose services' images, by name
 
 
 # --- the Dockerfile's FROM lines ------------------------------------------------------------
@@ -114,6 +115,20 @@ def normalise_ref(ref: str) -> str:
     return name
 
 
+# published image families whose Dockerfiles count on more than the Debian base gives: `FROM python:...`
+# runs `python` and `pip install` (tools/build_base_image.sh makes DEFAULT-python for them)
+FAMILY_SUFFIXES = {"docker.io/library/python": "-python"}
+
+
+def family_base(asked: str, default: str | None, in_store) -> str | None:
+    """The default base for `asked`: its family's flavour of the default where there is one here."""
+    if default is None:
+        return None
+    repository = normalise_ref(asked).rsplit(":", 1)[0].split("@")[0]
+    suffix = FAMILY_SUFFIXES.get(repository)
+    return default + suffix if suffix and in_store(default + suffix) else default
+
+
 @dataclass
 class BaseChoice:
     asked: str
@@ -151,7 +166,7 @@ def rewrite_froms(text: str, dockerfile: Path, base_images: dict[str, str], defa
         if used is None and in_store(asked):
             used = asked
         if used is None:
-            used = default
+            used = family_base(asked, default, in_store)
         if used is None:
             raise ImageBuildError(
                 f"{dockerfile}:{number}: FROM {asked}: not in this machine's image store and not mapped in "
@@ -323,12 +338,15 @@ class ImageBuilder:
                     "runc catatonit`), or set it to host")
         return None
 
-    def image_for(self, name: str, dockerfile: Path, context: Path, rebuild: bool = False) -> TaskImage:
-        """The task's image, built if missing; `rebuild`: built again from nothing (no layer reused)."""
+    def image_for(self, name: str, dockerfile: Path, context: Path, rebuild: bool = False,
+                  export: bool = True) -> TaskImage:
+        """The task's image, built if missing; `rebuild`: built again from nothing (no layer reused);
+        `export`: its root folder too, where the sandboxes run on one (a compose service's image is only
+        ever run by podman)."""
         with self._lock:
-            return self._image_for(name, dockerfile, context, rebuild)
+            return self._image_for(name, dockerfile, context, rebuild, export)
 
-    def _image_for(self, name: str, dockerfile: Path, context: Path, rebuild: bool) -> TaskImage:
+    def _image_for(self, name: str, dockerfile: Path, context: Path, rebuild: bool, export: bool = True) -> TaskImage:
         started = time.monotonic()
         try:
             text = dockerfile.read_text()
@@ -344,7 +362,7 @@ class ImageBuilder:
             (folder / "rootfs.complete").unlink(missing_ok=True)
             self._build(name, rewritten, dockerfile, context, tag, folder, rebuild)
         workdir, env, user, entrypoint = image_config(tag)
-        rootfs = self._rootfs(tag, folder) if self.export_rootfs else None
+        rootfs = self._rootfs(tag, folder) if self.export_rootfs and export else None
         notes = [f"FROM {c.asked} built on {c.used}" for c in choices if c.asked != c.used]
         notes.append(f"image {'built' if built_now else 'cached'} ({key})")
         if entrypoint:   # a task whose services start there (a server, /etc/hosts entries) will miss them
