@@ -103,7 +103,7 @@ class TerminalBenchEnvironment:
         """The task's built image (env.sandbox.task_images: build; built at its first episode), or None."""
         with self._lock:
             if task.folder not in self._images:
-                self._images[task.folder] = self.sandboxes.task_image(task.name, task.dockerfile, task.build_context)
+                self._images[task.folder] = task_images(self.sandboxes, task)
             return self._images[task.folder]
 
     @classmethod
@@ -131,6 +131,16 @@ class TerminalBenchEnvironment:
             return list(pool.map(trial, tasks)), problems
 
 
+def task_images(factory: SandboxFactory, task: TerminalTask, rebuild: bool = False) -> TaskImage | None:
+    """The task's image with its compose services' images (`services`), built where missing; None when
+    images are not built or the task has no Dockerfile (its services are then refused when it runs)."""
+    image = factory.task_image(task.name, task.dockerfile, task.build_context, rebuild)
+    if image is not None and factory.backend.runs_services:   # elsewhere the sandbox refuses them by name
+        image.services = {s.name: factory.service_image(task.name, s.name, s.dockerfile, s.context, s.image, rebuild)
+                          for s in task.sidecars}
+    return image
+
+
 def build_images(factory: SandboxFactory, tasks: list[TerminalTask], out=sys.stderr, rebuild: bool = False
                  ) -> tuple[dict[str, TaskImage | None], dict[str, str]]:
     """Every task's image, built where missing, one line per task: (images by task, errors by task)."""
@@ -140,14 +150,16 @@ def build_images(factory: SandboxFactory, tasks: list[TerminalTask], out=sys.std
         return images, failed
     for number, task in enumerate(tasks, 1):
         try:
-            image = images[task.name] = factory.task_image(task.name, task.dockerfile, task.build_context, rebuild)
+            image = images[task.name] = task_images(factory, task, rebuild)
         except SandboxError as err:
             failed[task.name] = str(err)
             print(f"[{number}/{len(tasks)}] {task.name}: image build failed: {' '.join(str(err).split())[:300]}",
                   file=out, flush=True)
             continue
         state = "no Dockerfile" if image is None else \
-            f"{'built' if image.built_now else 'cached'} in {image.seconds:.1f} s ({image.tag})"
+            f"{'built' if image.built_now else 'cached'} in {image.seconds:.1f} s ({image.tag})" + "".join(
+                f"; service {name} {'built' if built.built_now else 'cached'} in {built.seconds:.1f} s"
+                for name, built in image.services.items())
         print(f"[{number}/{len(tasks)}] {task.name}: {state}", file=out, flush=True)
     return images, failed
 

@@ -2,7 +2,7 @@
 
 Terminal-Bench 1 (a task folder):
     docker-compose.yaml  the main service's build (context, dockerfile), environment and working_dir;
-                 Terminal-Bench's log volumes ignored; other services refused (a task is one sandbox)
+                 Terminal-Bench's log volumes ignored; other services run beside it in podman (Sidecar)
     task.yaml        instruction, difficulty, max_agent_timeout_sec (360), max_test_timeout_sec (60),
                      parser_name (pytest), run_tests_in_same_shell, category, tags, author_name
     Dockerfile       FROM, WORKDIR, COPY, ENV, RUN ... (build context: the task folder)
@@ -40,7 +40,7 @@ from pathlib import Path
 import yaml
 
 from dockyard.errors import DockyardError
-from dockyard.sandboxes.base import BASE_ENV
+from dockyard.sandboxes.base import BASE_ENV, HealthCheck
 from dockyard.sandboxes.images import expand_heredocs, logical_lines
 
 TB1_AGENT_TIMEOUT_S, TB1_TEST_TIMEOUT_S = 360.0, 60.0
@@ -81,6 +81,7 @@ class TerminalTask:
     dockerfile: Path | None
     metadata: dict = field(default_factory=dict)
     reward_range: tuple[float, float] = (0.0, 1.0)   # Harbor: a reward file outside it is a verifier error
+    sidecars: list[Sidecar] = field(default_factory=list)   # docker-compose services beside the main one
 
     @property
     def build_context(self) -> Path | None:
@@ -171,16 +172,37 @@ TB1_COMPOSE_VARS = {"T_BENCH_TEST_DIR": "/tests", "T_BENCH_CONTAINER_LOGS_PATH":
 COMPOSE_PLUMBING = {"image", "container_name", "command", "build", "environment", "working_dir", "volumes"}
 
 
+SIDECAR_KEYS = {"image", "build", "environment", "command", "working_dir", "depends_on", "ports", "expose",
+                "healthcheck", "container_name", "restart", "hostname"}
+
+
+@dataclass
+class Sidecar:
+    """A docker-compose service beside the main one (a database, an API the task talks to): run from its
+    own image in a container of its own that shares the sandbox's network, reachable by its name."""
+
+    name: str
+    dockerfile: Path | None = None    # `build:` (the image is built like the task's)
+    context: Path | None = None
+    image: str | None = None          # `image:` (through env.sandbox.base_images; nothing is pulled)
+    env: dict[str, str] = field(default_factory=dict)
+    command: list[str] = field(default_factory=list)   # `command:` over the image's CMD
+    working_dir: str | None = None
+    health: HealthCheck | None = None                  # `healthcheck:` (waited for before the agent starts)
+
+
 @dataclass
 class ComposeService:
     """What dockyard takes from a Terminal-Bench 1 docker-compose.yaml: the main service's build,
-    environment and working_dir (its harness volumes are Terminal-Bench's own log folders)."""
+    environment and working_dir (its harness volumes are Terminal-Bench's own log folders), and the
+    services beside it."""
 
     dockerfile: Path | None = None
     context: Path | None = None
     env: dict[str, str] = field(default_factory=dict)
     working_dir: str | None = None
     ignored: list[str] = field(default_factory=list)
+    sidecars: list[Sidecar] = field(default_factory=list)
 
 
 def read_compose(folder: Path) -> ComposeService | None:
@@ -192,10 +214,6 @@ def read_compose(folder: Path) -> ComposeService | None:
         raise TaskFormatError(f"{path}: `services` must name at least one service")
     main = next((name for name in ("client", "main") if name in services), None) or next(
         (name for name, spec in services.items() if isinstance(spec, dict) and "build" in spec), next(iter(services)))
-    others = sorted(set(services) - {main})
-    if others:
-        raise TaskFormatError(f"{path}: services beside {main!r} ({', '.join(others)}) are not run here: a task runs "
-                              "in one sandbox (bubblewrap or one podman container)")
     spec = services[main] or {}
     if not isinstance(spec, dict):
         raise TaskFormatError(f"{path}: service {main!r} must be a mapping")
@@ -205,26 +223,94 @@ def read_compose(folder: Path) -> ComposeService | None:
                       str(value))
 
     service = ComposeService()
-    build = spec.get("build")
-    if isinstance(build, str):
-        build = {"context": build}
-    if isinstance(build, dict):
-        service.context = (folder / str(build.get("context", "."))).resolve()
-        service.dockerfile = service.context / str(build.get("dockerfile", "Dockerfile"))
-        if not service.dockerfile.is_file():
-            raise TaskFormatError(f"{path}: service {main!r} builds {service.dockerfile}, which does not exist")
-    environment = spec.get("environment") or {}
-    items = environment.items() if isinstance(environment, dict) else \
-        [(e.split("=", 1) + [""])[:2] for e in environment if isinstance(e, str)]
-    service.env = {str(k): expand(v) for k, v in items if v is not None}
+    service.context, service.dockerfile = _compose_build(path, main, spec)
+    service.env = _compose_env(spec, expand)
     if spec.get("working_dir"):
         service.working_dir = expand(spec["working_dir"])
+    service.sidecars = [_sidecar(path, name, services[name], expand) for name in sorted(set(services) - {main})]
     for volume in spec.get("volumes") or []:
         if "T_BENCH_" not in str(volume):
             raise TaskFormatError(f"{path}: service {main!r} mounts {volume!r}: volumes beside Terminal-Bench's log "
                                   "folders are not supported (COPY the files in the Dockerfile)")
     service.ignored = sorted(set(spec) - COMPOSE_PLUMBING)
     return service
+
+
+def _compose_build(path: Path, name: str, spec: dict) -> tuple[Path | None, Path | None]:
+    """(context, dockerfile) of a service's `build:`, or (None, None) without one."""
+    build = spec.get("build")
+    if isinstance(build, str):
+        build = {"context": build}
+    if not isinstance(build, dict):
+        return None, None
+    context = (path.parent / str(build.get("context", "."))).resolve()
+    dockerfile = context / str(build.get("dockerfile", "Dockerfile"))
+    if not dockerfile.is_file():
+        raise TaskFormatError(f"{path}: service {name!r} builds {dockerfile}, which does not exist")
+    return context, dockerfile
+
+
+def _compose_env(spec: dict, expand) -> dict[str, str]:
+    environment = spec.get("environment") or {}
+    items = environment.items() if isinstance(environment, dict) else \
+        [(e.split("=", 1) + [""])[:2] for e in environment if isinstance(e, str)]
+    return {str(k): expand(v) for k, v in items if v is not None}
+
+
+def _sidecar(path: Path, name: str, spec, expand) -> Sidecar:
+    if not isinstance(spec, dict):
+        raise TaskFormatError(f"{path}: service {name!r} must be a mapping")
+    if not re.fullmatch(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*", name):
+        raise TaskFormatError(f"{path}: service name {name!r} is not a host name")
+    unknown = sorted(set(spec) - SIDECAR_KEYS)
+    if unknown:   # volumes shared with the main service, networks, privileges: not run half-way
+        raise TaskFormatError(f"{path}: service {name!r} uses {', '.join(unknown)}, which a service beside the main "
+                              f"one does not support here (supported: {', '.join(sorted(SIDECAR_KEYS))})")
+    context, dockerfile = _compose_build(path, name, spec)
+    image = spec.get("image") if dockerfile is None else None
+    if dockerfile is None and not isinstance(image, str):
+        raise TaskFormatError(f"{path}: service {name!r} has neither `build` nor `image`")
+    command = spec.get("command") or []
+    command = shlex.split(command) if isinstance(command, str) else [str(part) for part in command]
+    return Sidecar(name, dockerfile, context, image, _compose_env(spec, expand), command,
+                   expand(spec["working_dir"]) if spec.get("working_dir") else None,
+                   _healthcheck(path, name, spec.get("healthcheck")))
+
+
+def _duration_s(path: Path, name: str, value, default: float) -> float:
+    """A compose duration (`2s`, `1m30s`, `500ms`) in seconds."""
+    if value is None:
+        return default
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|us|h|m|s)", str(value))
+    if not parts or "".join(n + u for n, u in parts) != str(value).replace(" ", ""):
+        raise TaskFormatError(f"{path}: service {name!r}: healthcheck duration {value!r} is not like 2s or 1m30s")
+    scale = {"h": 3600, "m": 60, "s": 1, "ms": 1e-3, "us": 1e-6}
+    return sum(float(n) * scale[u] for n, u in parts)
+
+
+def _healthcheck(path: Path, name: str, spec) -> HealthCheck | None:
+    if spec is None or (isinstance(spec, dict) and spec.get("disable")):
+        return None
+    if not isinstance(spec, dict) or "test" not in spec:
+        raise TaskFormatError(f"{path}: service {name!r}: healthcheck needs a `test`")
+    test = spec["test"]
+    if isinstance(test, str):
+        argv = ["/bin/sh", "-c", test]
+    elif isinstance(test, list) and test and test[0] == "CMD" and len(test) > 1:
+        argv = [str(part) for part in test[1:]]
+    elif isinstance(test, list) and len(test) == 2 and test[0] == "CMD-SHELL":
+        argv = ["/bin/sh", "-c", str(test[1])]
+    elif isinstance(test, list) and test == ["NONE"]:
+        return None
+    else:
+        raise TaskFormatError(f"{path}: service {name!r}: healthcheck test {test!r} is not a string, "
+                              "[CMD, ...], [CMD-SHELL, ...] or [NONE]")
+    retries = spec.get("retries", 3)
+    if not isinstance(retries, int) or retries < 1:
+        raise TaskFormatError(f"{path}: service {name!r}: healthcheck retries must be a positive integer")
+    return HealthCheck(argv, _duration_s(path, name, spec.get("interval"), 30.0),
+                       _duration_s(path, name, spec.get("timeout"), 30.0), retries,
+                       _duration_s(path, name, spec.get("start_period"), 0.0))
 
 
 def _load_tb1(folder: Path) -> TerminalTask:
@@ -258,7 +344,8 @@ def _load_tb1(folder: Path) -> TerminalTask:
         test_timeout_s=float(meta.get("max_test_timeout_sec", TB1_TEST_TIMEOUT_S)),
         setup=setup, tests=tests, test_command="bash /tests/run-tests.sh", solution=solution,
         dockerfile=dockerfile if dockerfile.is_file() else None,
-        metadata={k: meta[k] for k in ("difficulty", "category", "tags", "author_name") if k in meta})
+        metadata={k: meta[k] for k in ("difficulty", "category", "tags", "author_name") if k in meta},
+        sidecars=compose.sidecars if compose else [])
 
 
 def _load_harbor(folder: Path) -> TerminalTask:
@@ -297,7 +384,7 @@ def _load_harbor(folder: Path) -> TerminalTask:
         setup=setup, tests=tests, test_command="bash /tests/test.sh",
         solution=solution if solution.is_file() else None, dockerfile=dockerfile if dockerfile.is_file() else None,
         metadata={**meta.get("metadata", {}), "environment": meta.get("environment", {})},
-        reward_range=(float(reward_range[0]), float(reward_range[1])))
+        reward_range=(float(reward_range[0]), float(reward_range[1])), sidecars=compose.sidecars if compose else [])
 
 
 def load_task(folder: str | Path) -> TerminalTask:

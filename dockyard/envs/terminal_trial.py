@@ -32,7 +32,7 @@ from dockyard.envs.grading import (FOREIGN, Grade, copied_unchanged, declares_py
 from dockyard.envs import hand_over
 from dockyard.envs.system_integrity import harness_view
 from dockyard.envs.terminal_tasks import TerminalTask
-from dockyard.sandboxes.base import Sandbox, SandboxError, SandboxSpec
+from dockyard.sandboxes.base import Sandbox, SandboxError, SandboxSpec, ServiceSpec
 from dockyard.sandboxes.images import TaskImage
 
 _PYTEST_RESULT = re.compile(r"^(PASSED|FAILED|ERROR|XPASS|XFAIL|SKIPPED)\s+(\S+)", re.MULTILINE)
@@ -76,9 +76,16 @@ def sandbox_spec(task: TerminalTask, image: TaskImage | None = None, policy: Net
     network, verifier_network = policy.agent(task), policy.verifier
     if image is not None:   # WORKDIR / (Docker's default) cannot be a workspace: the configured one serves
         workdir = task.setup.run_workdir or image.workdir
+        built = {name: (service.tag, service.env) for name, service in image.services.items()}
+        services = [ServiceSpec(s.name, built.get(s.name, ("", {}))[0], {**built.get(s.name, ("", {}))[1], **s.env},
+                                s.command, s.working_dir, s.health) for s in task.sidecars]
         return SandboxSpec(workdir="" if workdir == "/" else workdir, env={**image.env, **task.setup.run_env},
                            name=f"task {task.name}", network=network, verifier_network=verifier_network,
-                           image=image.tag, rootfs=image.rootfs)
+                           image=image.tag, rootfs=image.rootfs, services=services)
+    if task.sidecars:
+        raise SandboxError(f"task {task.name}: its docker-compose services beside the main one "
+                           f"({', '.join(s.name for s in task.sidecars)}) run on built images only "
+                           "(env.sandbox.task_images: build, in podman), and the main service needs a Dockerfile")
     return SandboxSpec(workdir=task.setup.workdir or "", files=list(task.setup.copies), env=dict(task.setup.env),
                        name=f"task {task.name}", run=list(task.setup.run), network=network,
                        verifier_network=verifier_network)
@@ -101,7 +108,8 @@ def grading_sandbox(task: TerminalTask, used: Sandbox, make_sandbox: Callable[[S
 
 def setup_notes(task: TerminalTask, sandbox: Sandbox, image: TaskImage | None = None) -> list[str]:
     if image is not None:
-        notes = list(image.notes)
+        notes = list(image.notes) + [f"service {name} beside it: {'; '.join(service.notes)}"
+                                     for name, service in image.services.items()]
         if (task.setup.run_workdir or image.workdir) == "/":
             notes.append(f"the image's WORKDIR is / (none set): the shell starts in {sandbox.workdir} "
                          "(env.sandbox.working_dir)")

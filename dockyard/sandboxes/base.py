@@ -108,6 +108,34 @@ class SandboxSpec:
     verifier_network: bool = False   # the tests get the network (env.verifier_allow_internet), the agent not unless `network`
     image: str | None = None     # a built task image (images.py): podman runs it
     rootfs: Path | None = None   # the same image as a root folder: bubblewrap runs on it
+    services: list["ServiceSpec"] = field(default_factory=list)   # compose services beside it (podman only)
+
+
+@dataclass
+class ServiceSpec:
+    """A docker-compose service beside the task's container: its built image, run with its own files in a
+    container of its own that shares the sandbox's network (reachable as `name`), for the whole trial."""
+
+    name: str
+    image: str
+    env: dict[str, str] = field(default_factory=dict)
+    command: list[str] = field(default_factory=list)   # over the image's CMD
+    workdir: str | None = None
+    health: "HealthCheck | None" = None   # compose's healthcheck: the agent starts once it passes
+
+
+@dataclass(frozen=True)
+class HealthCheck:
+    argv: list[str]          # run inside the service's container
+    interval_s: float = 30.0
+    timeout_s: float = 30.0
+    retries: int = 3
+    start_period_s: float = 0.0
+
+    @property
+    def deadline_s(self) -> float:
+        """How long compose would keep trying before calling the service unhealthy."""
+        return self.start_period_s + self.retries * (self.interval_s + self.timeout_s)
 
 
 def copy_host_path(source: Path, target: Path) -> None:
@@ -179,8 +207,14 @@ class Sandbox(abc.ABC):
     kind: str = "sandbox"
     builds_images = False   # whether a task's RUN lines take effect (else they are reported as skipped)
     network_at_hand_over = False   # whether the verifier can be given a network the agent did not have
+    runs_services = False   # whether docker-compose services beside the task's container can run (podman)
 
     def __init__(self, spec: SandboxSpec, limits: SandboxLimits):
+        if spec.services and not self.runs_services:
+            raise SandboxError(f"{spec.name}: its docker-compose services beside the main one "
+                               f"({', '.join(s.name for s in spec.services)}) run only in podman sandboxes, each in a "
+                               f"container of its own; a {self.kind} sandbox is one set of processes "
+                               "(env.sandbox.type: podman)")
         self.spec, self.limits = spec, limits
         self.workdir = spec.workdir
         self._shells: list[ShellSession] = []
@@ -252,7 +286,8 @@ class Sandbox(abc.ABC):
     def network_env(self) -> dict[str, str]:
         """For commands that have a network: this machine's proxy settings, and its CA bundle where a
         backend binds it over the image's (the connections leave as this machine's own)."""
-        if getattr(self, "network", None) is None:
+        network = getattr(self, "network", None)
+        if network is None or getattr(network, "offline", False):
             return {}
         env = {key: value for key, value in os.environ.items() if key.lower() in PROXY_KEYS}
         if self.host_ca_bound():

@@ -10,6 +10,7 @@ reaps what a dead trainer left on this machine (reaping.py).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import threading
 import time
 from pathlib import Path
@@ -81,12 +82,23 @@ class SandboxFactory:
                             bound_by_users=config.type == "bubblewrap" and config.agent_user != "root")
 
     def task_image(self, name: str, dockerfile: Path | None, context: Path | None,
-                   rebuild: bool = False) -> TaskImage | None:
+                   rebuild: bool = False, export: bool = True) -> TaskImage | None:
         """The task's built image (built now if missing, or again with `rebuild`), or None when images
         are not built."""
         if self.images is None or dockerfile is None:
             return None
-        return self.images.image_for(name, dockerfile, context or dockerfile.parent, rebuild)
+        return self.images.image_for(name, dockerfile, context or dockerfile.parent, rebuild, export)
+
+    def service_image(self, task_name: str, service: str, dockerfile: Path | None, context: Path | None,
+                      image: str | None, rebuild: bool = False) -> TaskImage:
+        """A compose service's image: its `build:` built like a task's, or its `image:` through the base map
+        (a one-line Dockerfile FROM it, so a substitution is announced as for a task's FROM)."""
+        if dockerfile is None:
+            context = self.images.cache_dir / "service-images" / hashlib.sha256(image.encode()).hexdigest()[:16]
+            context.mkdir(parents=True, exist_ok=True)
+            dockerfile = context / "Dockerfile"
+            dockerfile.write_text(f"FROM {image}\n")
+        return self.images.image_for(f"{task_name} service {service}", dockerfile, context, rebuild, export=False)
 
     def create(self, spec: SandboxSpec) -> Sandbox:
         if not spec.workdir:

@@ -69,9 +69,15 @@ def ruleset(v4: list[str], v6: list[str]) -> str:
 class UserNetwork:
     """One sandbox's network namespace, its slirp4netns and its rule; `close` removes all three."""
 
-    def __init__(self, sandbox_name: str, ready_timeout_s: float = 30.0, owner=None):
+    def __init__(self, sandbox_name: str, ready_timeout_s: float = 30.0, owner=None, offline: bool = False):
         """owner: a UserNamespace (user_namespaces.py) the network namespace is to belong to (a podman
-        container with root inside joins it from that user namespace, which may only join its own)."""
+        container with root inside joins it from that user namespace, which may only join its own).
+        offline: loopback only (no slirp4netns, no way out): a namespace that the task's container and its
+        compose services share and that outlives a restart of the container."""
+        self.offline = offline
+        if offline:
+            self._make_offline(sandbox_name, owner, ready_timeout_s)
+            return
         if os.geteuid() != 0:
             raise SandboxError(f"{sandbox_name}: the task allows the network (allow_internet), which a sandbox gets "
                                "only when dockyard runs as root (its own network namespace and slirp4netns, with this "
@@ -106,6 +112,26 @@ class UserNetwork:
                                    capture_output=True, text=True, timeout=30)
             if rules.returncode != 0:
                 raise SandboxError(f"{sandbox_name}: the sandbox network's rule could not be set: {rules.stderr.strip()}")
+        except BaseException:
+            self.close()
+            raise
+
+    def _make_offline(self, sandbox_name: str, owner, timeout_s: float) -> None:
+        self.name = f"{PREFIX}{owner_token()}-{secrets.token_hex(4)}"
+        self.path = Path("/run/netns") / self.name
+        self.slirp = None
+        self.resolv = Path(tempfile.mkstemp(prefix="dockyard-resolv-")[1])   # no name server: nothing to reach
+        self.resolv.chmod(0o644)
+        try:
+            if owner is None:
+                _ip("netns", "add", self.name)
+            else:
+                _owned_namespace(self.path, owner, timeout_s)
+            up = subprocess.run(["nsenter", f"--net={self.path}", "--", "ip", "link", "set", "lo", "up"],
+                                capture_output=True, text=True, timeout=30)
+            if up.returncode != 0:
+                raise SandboxError(f"{sandbox_name}: the loopback of its network namespace did not come up: "
+                                   f"{up.stderr.strip()[-300:]}")
         except BaseException:
             self.close()
             raise

@@ -82,6 +82,7 @@ def _q(path: str) -> str:
 
 class PodmanSandbox(Sandbox):
     kind = "podman"
+    runs_services = True
     builds_images = True
 
     @classmethod
@@ -139,9 +140,12 @@ class PodmanSandbox(Sandbox):
                 host_paths.chown_tree(self.workspace, (self.uid, self.uid))
             if spec.network:   # with root inside, one of the container's own user namespace (network.py)
                 self.network = UserNetwork(spec.name, owner=self.namespace)
+            elif spec.services and self.as_root:   # shared with its services, and kept over a restart (restore)
+                self.network = UserNetwork(spec.name, owner=self.namespace, offline=True)
             if self.as_root and not self.image:   # the host view's /etc is read-only: the entries are bound over it
                 self._write_host_user_files()
             self._start()
+            self._start_services()
             if self.as_root and self.image and not self.root_inside:
                 self._add_user_entries()
             setup = [] if self.workspace else [f"mkdir -p {_q(self.workdir)} && chown {self.uid}:{self.uid} {_q(self.workdir)}"]
@@ -165,7 +169,8 @@ class PodmanSandbox(Sandbox):
 
     def host_ca_bound(self) -> bool:
         """With a network and an image, this machine's CA bundle is bound over the image's."""
-        return self.network is not None and bool(self.image) and os.path.isfile(HOST_CA_BUNDLE)
+        return self.network is not None and not self.network.offline and bool(self.image) \
+            and os.path.isfile(HOST_CA_BUNDLE)
 
     def _users(self) -> list[tuple[str, int, str]]:
         users = [("sandbox", self.lease.uid, self.workdir)]
@@ -228,6 +233,8 @@ class PodmanSandbox(Sandbox):
                   "--name", self.name, "--label", f"{OWNER_LABEL}={owner_token()}", *network, "--cap-drop", "ALL",
                   "--cap-add", caps, "--security-opt", "no-new-privileges", "--tmpfs", f"/tmp:{tmp}",
                   "--tmpfs", f"/var/tmp:{tmp}", *limits]
+        for service in self.spec.services:   # compose's network resolves a service by its name
+            common += ["--add-host", f"{service.name}:127.0.0.1"]
         if self.workspace is not None:
             common += ["-v", f"{self.workspace}:{self.workdir}"]
         for key, value in self.environment().items():
@@ -259,6 +266,60 @@ class PodmanSandbox(Sandbox):
                                f"{result.stderr.decode(errors='replace').strip()[-500:]}")
         self.started = True
         self._note_init()
+
+    def _service_name(self, service) -> str:
+        return f"{self.name}-{service.name}"
+
+    def _start_services(self) -> None:
+        """The task's docker-compose services: each from its own image in a container of its own (its files
+        are out of the agent's reach), on the sandbox's network namespace, so the task reaches it at its
+        name (an /etc/hosts entry) as compose's network would. Root of its own container, with the
+        capabilities a service needs to drop to its user and nothing more; the sandbox's limits apply."""
+        if not self.spec.services:
+            return
+        caps = "CHOWN,DAC_OVERRIDE,FOWNER,SETUID,SETGID,KILL,NET_BIND_SERVICE"
+        for service in self.spec.services:
+            command = ["run", "-d", "--name", self._service_name(service), "--label", f"{OWNER_LABEL}={owner_token()}",
+                       "--network", f"ns:{self.network.path}" if self.network else f"container:{self.name}",
+                       "--cap-drop", "ALL", "--cap-add", caps,
+                       "--security-opt", "no-new-privileges", "--pids-limit", str(self.limits.max_processes),
+                       "--memory", f"{self.limits.sandbox_memory_mb}m",
+                       # root here may not raise rlimits (no CAP_SYS_RESOURCE): podman's defaults cannot be set
+                       "--ulimit", f"nofile={self.limits.open_files}:{self.limits.open_files}",
+                       "--ulimit", f"nproc={self.limits.max_processes}:{self.limits.max_processes}",
+                       *(["--workdir", service.workdir] if service.workdir else [])]
+            for key, value in service.env.items():
+                command += ["--env", f"{key}={value}"]
+            result = subprocess.run([*PODMAN, *command, service.image, *service.command], capture_output=True,
+                                    timeout=120, cwd=self._conmon_folder())
+            if result.returncode != 0:
+                raise SandboxError(f"{self.spec.name}: podman could not start its service {service.name!r}: "
+                                   f"{result.stderr.decode(errors='replace').strip()[-500:]}")
+        for service in self.spec.services:
+            if service.health is not None:
+                self._wait_healthy(service)
+
+    def _wait_healthy(self, service) -> None:
+        """Compose's `depends_on: service_healthy`: the healthcheck, run in the service's container, passes
+        before the agent starts; or the sandbox fails naming the service, within compose's own deadline."""
+        health, name = service.health, self._service_name(service)
+        deadline = time.monotonic() + health.deadline_s
+        while True:
+            try:
+                check = subprocess.run([*PODMAN, "exec", name, *health.argv], capture_output=True,
+                                       timeout=health.timeout_s)
+                if check.returncode == 0:
+                    return
+                last = check.stdout.decode(errors="replace") + check.stderr.decode(errors="replace")
+            except subprocess.TimeoutExpired:
+                last = f"the check took over {health.timeout_s:.0f} s"
+            if time.monotonic() >= deadline:
+                logs = podman_command("logs", "--tail", "5", name, check=False)
+                tail = (logs.stdout + logs.stderr).decode(errors="replace").strip()
+                raise SandboxError(f"{self.spec.name}: its service {service.name!r} did not become healthy within "
+                                   f"{health.deadline_s:.0f} s (healthcheck {' '.join(health.argv)[:120]!r}: "
+                                   f"{' '.join(last.split())[-200:]}; its last lines: {' | '.join(tail.splitlines())[-300:]})")
+            time.sleep(min(health.interval_s, 1.0))
 
     def _conmon_folder(self) -> str:
         if self.host_root is not None:
@@ -493,6 +554,8 @@ class PodmanSandbox(Sandbox):
         podman_command("cp", f"{self.name}:{source}", str(target))
 
     def _teardown(self) -> None:
+        for service in self.spec.services:
+            podman_command("rm", "-f", "-t", "0", self._service_name(service), check=False)
         podman_command("rm", "-f", "-t", "0", self.name, check=False)
         if self.network is not None:
             self.network.close()

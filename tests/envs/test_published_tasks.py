@@ -42,14 +42,20 @@ def rows(output: str) -> dict[str, list[str]]:
 def test_published_harbor_tasks_score_as_their_authors_meant_or_say_why_not(kind, tmp_path):
     oracle = env_check(kind, "oracle", tmp_path / "oracle")
     assert oracle.returncode == 1, oracle.stdout + oracle.stderr   # the tasks below that cannot pass here
-    assert "BAD TASK multi-container: " in oracle.stdout and "services beside 'main' (api-server)" in oracle.stdout
     got = rows(oracle.stdout)
-    assert set(got) == {"simple-task", "skills", "dns-blacklisting", "multi-reward"}, oracle.stdout
-    for task in ("simple-task", "skills"):
+    assert set(got) == {"simple-task", "skills", "dns-blacklisting", "multi-reward", "multi-container"}, oracle.stdout
+    # its api-server service (compose, with a healthcheck the agent waits for) runs beside it in podman only
+    solved = ("simple-task", "skills") + (("multi-container",) if kind == "podman" else ())
+    if kind == "bubblewrap":
+        assert got["multi-container"][0] == "0.00" and "services beside the main one (api-server) run only in " \
+            "podman sandboxes" in oracle.stdout, oracle.stdout
+    for task in solved:
         assert got[task][:2] == ["1.00", "pytest"], (task, (tmp_path / "oracle" / f"{task}.log").read_text()[-2000:])
     assert got["dns-blacklisting"][0] == "0.00" and "ENTRYPOINT /entrypoint.sh is not run" in got["dns-blacklisting"][3]
     assert got["multi-reward"][0] == "0.00" and "names rewards correctness, performance but none `reward`" in \
         got["multi-reward"][3]
     noop = env_check(kind, "noop", tmp_path / "noop")
     for task, (reward, tests_ran, *_) in rows(noop.stdout).items():
+        if (kind, task) == ("bubblewrap", "multi-container"):
+            continue   # refused, as above
         assert reward == "0.00" and tests_ran == "pytest", (task, noop.stdout)   # the tests ran and failed
