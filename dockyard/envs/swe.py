@@ -197,6 +197,9 @@ class SweScorer:
             Path(scratch, "test.patch").write_text(task.test_patch)
             sandbox.copy_in(Path(scratch), "/patches", read_only=True)
             notes, log = list(row.notes) if row else [], []
+            if task.is_pro and not scripts:
+                notes.append(f"no {self.run_scripts.folder_for(task) / task.instance_id}/run_script.sh: pytest ran "
+                             "the row's selected test files (env.run_scripts_dir)")
             if task.setup_command.strip():
                 setup = sandbox.run(task.setup_command, timeout_s=limit)
                 log.append(setup.output)

@@ -154,3 +154,18 @@ def test_an_agent_on_a_pro_row_works_in_app_and_its_diff_is_scored_by_the_run_sc
         assert "def format_duration" in handle.events[-1]["patch"]
     finally:
         handle.close()
+
+
+@pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap is not installed")
+def test_a_pro_row_without_a_run_scripts_folder_runs_pytest_over_its_selected_files_and_says_so(tmp_path):
+    shutil.copy(SHIPPED / "swe_pro.jsonl", tmp_path / "swe_pro.jsonl")   # no run_scripts/ beside it
+    [task, *_] = read_task_file(tmp_path / "swe_pro.jsonl")[0]
+    store = RepoStore(SHIPPED / "repos")
+    try:
+        result = scorer(store, "bubblewrap").score(task, task.patch)
+    finally:
+        store.close()
+    assert result.reward == 1.0 and result.tests_ran == "pytest record", result.log
+    assert result.notes == [f"no {tmp_path / 'run_scripts' / task.instance_id}/run_script.sh: pytest ran the row's "
+                            "selected test files (env.run_scripts_dir)"]
+
