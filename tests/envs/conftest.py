@@ -12,7 +12,7 @@ from tests.conftest import REPO
 BASE = "localhost/dockyard-base:bookworm"
 
 # the adversarial tasks' own tests (tests/envs/adversarial_tasks/*/tests/) run inside sandboxes, not here
-collect_ignore = ["adversarial_tasks", "harness_tasks", "image_tasks", "published_tasks", "root_attacks"]
+collect_ignore = ["adversarial_tasks", "harness_tasks", "image_tasks", "published_tasks", "root_attacks", "service_tasks"]
 
 
 @pytest.fixture(scope="module")
